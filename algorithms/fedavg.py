@@ -1,0 +1,108 @@
+"""FedAvg and its server-optimizer family.
+
+FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep
+Networks from Decentralized Data", Algorithm 1) in the form of Reddi et al.
+2021 ("Adaptive Federated Optimization", Algorithm 1): each selected client
+``k`` runs local SGD from the global model ``x_t`` to ``x_k``; the server
+forms the pseudo-gradient as the example-weighted mean
+
+    Δ_t = Σ_k n_k (x_t - x_k) / Σ_k n_k
+
+and applies a server optimizer to it. SGD with server learning rate 1 gives
+McMahan's FedAvg exactly (``x_{t+1} = Σ_k n_k x_k / Σ_k n_k``); momentum gives
+FedAvgM (Hsu et al. 2019), Adam/Yogi/Adagrad give FedAdam/FedYogi/FedAdagrad
+(Reddi et al. 2021, Algorithm 2).
+
+>>> algorithm = fedavg()
+>>> sorted(algorithm.hyper())
+['client_lr', 'server_lr']
+"""
+
+from __future__ import annotations
+
+import jax
+import optax
+from flax import struct
+
+from fedjax_het.algorithm import FederatedAlgorithm, model_loss, weighted_mean
+from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.optimizers import HyperOptimizer
+from fedjax_het.typing import Hyper, Params, PyTree
+
+
+@struct.dataclass
+class ServerState:
+    """The global model and the server optimizer's state."""
+
+    params: Params
+    opt_state: PyTree
+
+
+def fedavg(
+    *,
+    client_optimizer: HyperOptimizer | None = None,
+    server_optimizer: HyperOptimizer | None = None,
+    name: str = "fedavg",
+) -> FederatedAlgorithm:
+    """FedAvg with pluggable client and server optimizers.
+
+    Args:
+      client_optimizer: local optimizer; default SGD with ``client_lr = 0.05``.
+      server_optimizer: optimizer on the pseudo-gradient; default SGD with
+        ``server_lr = 1.0`` (plain FedAvg).
+      name: registry name reported in logs.
+
+    Returns:
+      The algorithm. Its traced hyperparameters are those of both optimizers.
+    """
+    client_optimizer = client_optimizer or optimizers.sgd("client", lr=0.05)
+    server_optimizer = server_optimizer or optimizers.sgd("server", lr=1.0)
+
+    def server_init(params: Params, hyper: Hyper) -> ServerState:
+        return ServerState(params, server_optimizer.build(hyper).init(params))
+
+    def client_finalize(broadcast, local_params, client_state, hyper):
+        del hyper
+        return jax.tree.map(lambda g, l: g - l, broadcast, local_params), client_state
+
+    def server_update(state: ServerState, pseudo_gradient, hyper: Hyper) -> ServerState:
+        updates, opt_state = server_optimizer.build(hyper).update(
+            pseudo_gradient, state.opt_state, state.params
+        )
+        return ServerState(optax.apply_updates(state.params, updates), opt_state)
+
+    return FederatedAlgorithm(
+        name=name,
+        hyper_defaults=client_optimizer.hyper_defaults + server_optimizer.hyper_defaults,
+        server_init=server_init,
+        broadcast=lambda state: state.params,
+        client_init=lambda params: (),
+        client_optimizer=client_optimizer.build,
+        local_loss=model_loss,
+        client_finalize=client_finalize,
+        aggregator=weighted_mean(),
+        server_update=server_update,
+        global_params=lambda state: state.params,
+    )
+
+
+def fedavgm(*, momentum: float = 0.9, server_lr: float = 1.0) -> FederatedAlgorithm:
+    """FedAvgM (Hsu et al. 2019): server SGD with momentum on the pseudo-gradient."""
+    return fedavg(
+        server_optimizer=optimizers.sgd("server", lr=server_lr, momentum=momentum), name="fedavgm"
+    )
+
+
+def fedadam(*, server_lr: float = 0.01) -> FederatedAlgorithm:
+    """FedAdam (Reddi et al. 2021, Algorithm 2)."""
+    return fedavg(server_optimizer=optimizers.adam("server", lr=server_lr), name="fedadam")
+
+
+def fedyogi(*, server_lr: float = 0.01) -> FederatedAlgorithm:
+    """FedYogi (Reddi et al. 2021, Algorithm 2)."""
+    return fedavg(server_optimizer=optimizers.yogi("server", lr=server_lr), name="fedyogi")
+
+
+def fedadagrad(*, server_lr: float = 0.01) -> FederatedAlgorithm:
+    """FedAdagrad (Reddi et al. 2021, Algorithm 2)."""
+    return fedavg(server_optimizer=optimizers.adagrad("server", lr=server_lr), name="fedadagrad")

@@ -1,0 +1,119 @@
+"""The interface every federated algorithm implements (DESIGN.md §5).
+
+An algorithm is a frozen dataclass of pure functions built by a factory that
+takes its structural options (optax's ``GradientTransformation`` pattern).
+Numbers a sweep may vary are not closed over: they arrive as the traced
+``hyper`` dict, whose names and defaults the algorithm declares.
+
+One round, for the clients of a cohort::
+
+    payload = broadcast(server_state)
+    # per client, in local.py: optimise local_loss from payload with client_optimizer(hyper)
+    update, client_state = client_finalize(payload, local_params, client_state, hyper)
+    # cohort.py: sums = Σ_k aggregator.contribute(update_k, weight_k)
+    server_state = server_update(server_state, aggregator.finalize(sums), hyper)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_het.models import Model
+from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, PyTree, ServerState, Update
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregator:
+    """A named rule for combining client updates, as a sum over clients then a finish.
+
+    Summing lets the cohort run in chunks with a running sum as the only
+    carry (DESIGN.md §6): memory is ``chunk x params``, not ``cohort x params``.
+
+    Attributes:
+      contribute: ``(update, weight) -> pytree`` one client's share of the sums.
+        A client of weight 0 must contribute exact zeros.
+      finalize: ``sums -> aggregate``.
+    """
+
+    contribute: Callable[[Update, jax.Array], PyTree]
+    finalize: Callable[[PyTree], Update]
+
+
+def weighted_mean() -> Aggregator:
+    """``Σ_k w_k u_k / Σ_k w_k`` over clients with ``w_k > 0``; zero when nobody counts.
+
+    Clients of weight 0 are removed with ``where``, not by multiplying by
+    zero, so a diverged (non-finite) update of a dropped client cannot leak in.
+    """
+
+    def contribute(update: Update, weight: jax.Array) -> PyTree:
+        keep = weight > 0
+        weighted = jax.tree.map(lambda u: jnp.where(keep, weight.astype(u.dtype) * u, 0), update)
+        return weighted, jnp.where(keep, weight, 0.0)
+
+    def finalize(sums: PyTree) -> Update:
+        weighted, total = sums
+        return jax.tree.map(lambda s: s / jnp.maximum(total, 1e-30).astype(s.dtype), weighted)
+
+    return Aggregator(contribute, finalize)
+
+
+def model_loss(
+    model: Model, params: Params, broadcast: Params, batch: Batch, hyper: Hyper, key: PRNGKey
+) -> jax.Array:
+    """The plain local objective: the model's masked mean loss on one batch."""
+    del broadcast, hyper
+    x, y, mask = batch
+    return model.loss(model.apply(params, x, train=True, key=key), y, mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedAlgorithm:
+    """A federated algorithm as pure functions; hashable, so static under ``jit``.
+
+    Attributes:
+      name: registry name.
+      hyper_defaults: ``((name, default), ...)`` every traced hyperparameter.
+      server_init: ``(params, hyper) -> server_state``.
+      broadcast: ``server_state -> params`` the clients start from.
+      client_init: ``params -> client_state`` (persistent, stored ``[num_clients, ...]``).
+      client_optimizer: ``hyper -> optax.GradientTransformation`` for local steps.
+      local_loss: ``(model, params, broadcast, batch, hyper, key) -> scalar``.
+      client_finalize: ``(broadcast, local_params, client_state, hyper) -> (update, client_state)``.
+      aggregator: how updates combine.
+      server_update: ``(server_state, aggregate, hyper) -> server_state``.
+      global_params: ``server_state -> params`` the model that is evaluated.
+    """
+
+    name: str
+    hyper_defaults: tuple[tuple[str, float], ...]
+    server_init: Callable[[Params, Hyper], ServerState]
+    broadcast: Callable[[ServerState], Params]
+    client_init: Callable[[Params], ClientState]
+    client_optimizer: Callable[[Hyper], optax.GradientTransformation]
+    local_loss: Callable[..., jax.Array]
+    client_finalize: Callable[..., tuple[Update, ClientState]]
+    aggregator: Aggregator
+    server_update: Callable[[ServerState, Update, Hyper], ServerState]
+    global_params: Callable[[ServerState], Params]
+
+    def hyper(self, overrides: Mapping[str, float] | None = None) -> Hyper:
+        """The traced hyperparameters: defaults, then ``overrides``; unknown names are an error.
+
+        Values may be Python numbers or arrays (an array with a leading axis
+        is how ``jax.vmap`` sweeps one compiled program over settings).
+        """
+        defaults = dict(self.hyper_defaults)
+        unknown = sorted(set(overrides or {}) - set(defaults))
+        if unknown:
+            raise ValueError(
+                f"{self.name} has no hyperparameter {', '.join(map(repr, unknown))}; "
+                f"it takes {', '.join(sorted(defaults)) or 'none'}"
+            )
+        merged = {**defaults, **(overrides or {})}
+        return {k: jnp.asarray(v, jnp.float32) for k, v in merged.items()}

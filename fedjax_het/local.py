@@ -1,0 +1,123 @@
+"""One client's round of local training: a ``lax.scan`` over steps, with masks (DESIGN.md §4).
+
+Written for a single client, with no client axis; ``cohort.py`` adds the axis.
+A step past the client's ``num_steps`` (deadline, partial work, small client)
+leaves params and optimizer state untouched: the params update is multiplied
+by the step mask (one fused pass) and the optimizer state is kept with
+``where``. An all-true mask gives bitwise the unmasked result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from fedjax_het import rng
+from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.data.batching import LocalWork, batch_indices
+from fedjax_het.models import Model
+from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, Update
+
+NO_STEP_LIMIT = 2**30
+
+
+@struct.dataclass
+class DeviceSplit:
+    """The flat store of one split as device arrays (see ``ClientArrays``)."""
+
+    x: jax.Array
+    y: jax.Array
+    offset: jax.Array
+    count: jax.Array
+
+
+@struct.dataclass
+class ClientTask:
+    """What one cohort slot needs for its round (all traced).
+
+    Attributes:
+      client_id: int32 id of the client in this slot.
+      weight: float32 aggregation weight; 0 means the update has no influence.
+      step_limit: int32 most steps this client may finish (deadlines, partial work).
+      key: this client's key for this round, ``fold_in(fold_in(seed, round), id)``.
+    """
+
+    client_id: jax.Array
+    weight: jax.Array
+    step_limit: jax.Array
+    key: PRNGKey
+
+
+@struct.dataclass
+class ClientStats:
+    """Per-client results of a round besides the update."""
+
+    loss_sum: jax.Array  # Σ over processed examples of the training loss
+    examples: jax.Array  # examples processed
+    steps: jax.Array  # steps taken
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSpec:
+    """The static parts of local training, fixed for a compiled round."""
+
+    model: Model
+    algorithm: FederatedAlgorithm
+    work: LocalWork
+    max_steps: int
+    max_count: int
+    unroll: int = 1
+
+
+def local_update(
+    spec: LocalSpec,
+    hyper: Hyper,
+    broadcast: Params,
+    client_state: ClientState,
+    task: ClientTask,
+    data: DeviceSplit,
+) -> tuple[Update, ClientState, ClientStats]:
+    """Trains one client from ``broadcast`` and returns its update, new state and stats."""
+    model, algorithm, work = spec.model, spec.algorithm, spec.work
+    cid = task.client_id
+    count = data.count[cid]
+    indices, example_mask, num_steps = batch_indices(
+        rng.stream(task.key, "batches"),
+        data.offset[cid],
+        count,
+        work.examples_to_process(count),
+        max_steps=spec.max_steps,
+        batch_size=work.batch_size,
+        max_count=spec.max_count,
+        shuffle=work.shuffle,
+    )
+    num_steps = jnp.minimum(num_steps, task.step_limit)
+    xs, ys = data.x[indices], data.y[indices]
+    train_key = rng.stream(task.key, "train")
+    optimizer = algorithm.client_optimizer(hyper)
+
+    def loss_fn(params, batch, key):
+        return algorithm.local_loss(model, params, broadcast, batch, hyper, key)
+
+    def step(carry, inputs):
+        params, opt_state, loss_sum = carry
+        s, x, y, mask = inputs
+        loss, grads = jax.value_and_grad(loss_fn)(params, (x, y, mask), jax.random.fold_in(train_key, s))
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        active = s < num_steps
+        params = jax.tree.map(lambda p, u: p + active.astype(u.dtype) * u, params, updates)
+        opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
+        processed = jnp.where(active, jnp.sum(mask), 0)
+        return (params, opt_state, loss_sum + loss * processed), processed
+
+    steps = jnp.arange(spec.max_steps, dtype=jnp.int32)
+    init = (broadcast, optimizer.init(broadcast), jnp.zeros((), jnp.float32))
+    (params, _, loss_sum), processed = jax.lax.scan(
+        step, init, (steps, xs, ys, example_mask), unroll=spec.unroll
+    )
+    update, client_state = algorithm.client_finalize(broadcast, params, client_state, hyper)
+    stats = ClientStats(loss_sum=loss_sum, examples=jnp.sum(processed), steps=num_steps)
+    return update, client_state, stats

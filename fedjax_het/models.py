@@ -1,0 +1,144 @@
+"""Models as three pure functions, and the small model zoo (DESIGN.md §3).
+
+A :class:`Model` is ``init(key) -> params``, ``apply(params, x, *, train, key)
+-> outputs`` and a per-example loss; ``loss(outputs, y, mask)`` is its masked
+mean. :func:`from_linen` turns any Flax linen module into one.
+
+The zoo holds the models the papers use: logistic regression, the MLP of the
+throughput workload W1 and the LEAF FEMNIST CNN (Caldas et al. 2018, "LEAF: A
+Benchmark for Federated Settings", §4: two 5x5 conv layers of 32 and 64
+channels, each followed by 2x2 max-pooling, a 2048-unit dense layer and a
+softmax output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_het.typing import Mask, Params, PRNGKey
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A model as pure functions over an explicit params pytree.
+
+    Attributes:
+      init: ``key -> params``.
+      apply: ``(params, x, *, train, key) -> outputs`` for a batch ``x``.
+      per_example_loss: ``(outputs, y) -> [batch]`` losses.
+      name: a short name for logs.
+    """
+
+    init: Callable[[PRNGKey], Params]
+    apply: Callable[..., jax.Array]
+    per_example_loss: Callable[[jax.Array, jax.Array], jax.Array]
+    name: str = "model"
+
+    def loss(self, outputs: jax.Array, y: jax.Array, mask: Mask) -> jax.Array:
+        """Mean loss over the examples that ``mask`` keeps (0 when it keeps none)."""
+        mask = mask.astype(outputs.dtype)
+        total = jnp.sum(self.per_example_loss(outputs, y) * mask)
+        return total / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def from_linen(
+    module: nn.Module,
+    example_shape: Sequence[int],
+    *,
+    per_example_loss: Callable[[jax.Array, jax.Array], jax.Array] = softmax_cross_entropy,
+    name: str | None = None,
+) -> Model:
+    """Adapts a Flax linen module whose ``__call__(x[, train])`` maps a batch to outputs.
+
+    Only the ``params`` collection is trained; a module that keeps mutable
+    collections (BatchNorm statistics) needs client state and is not supported
+    by this adapter.
+
+    >>> model = from_linen(nn.Dense(3), (4,))
+    >>> params = model.init(jax.random.key(0))
+    >>> model.apply(params, jnp.ones((2, 4)), train=False, key=None).shape
+    (2, 3)
+    """
+    takes_train = "train" in inspect.signature(module.__call__).parameters
+    example_shape = tuple(example_shape)
+
+    def call_kwargs(train: bool) -> dict:
+        return {"train": train} if takes_train else {}
+
+    def init(key: PRNGKey) -> Params:
+        dummy = jnp.zeros((1, *example_shape), jnp.float32)
+        return module.init(key, dummy, **call_kwargs(False))["params"]
+
+    def apply(params: Params, x: jax.Array, *, train: bool, key: PRNGKey | None) -> jax.Array:
+        rngs = {"dropout": key} if (train and key is not None) else None
+        return module.apply({"params": params}, x, rngs=rngs, **call_kwargs(train))
+
+    return Model(init, apply, per_example_loss, name or type(module).__name__)
+
+
+class _LogisticRegression(nn.Module):
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+
+
+class _MLP(nn.Module):
+    hidden: Sequence[int]
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], -1))
+        for width in self.hidden:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+class _FemnistCNN(nn.Module):
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in (32, 64):
+            x = nn.relu(nn.Conv(channels, (5, 5), padding="SAME")(x))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(2048)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+def logistic_regression(example_shape: Sequence[int], num_classes: int) -> Model:
+    """Multinomial logistic regression on flattened inputs."""
+    return from_linen(_LogisticRegression(num_classes), example_shape, name="logistic_regression")
+
+
+def mlp(example_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200)) -> Model:
+    """A ReLU MLP on flattened inputs (W1 of the throughput benchmark: 784-200-200-62)."""
+    return from_linen(_MLP(tuple(hidden), num_classes), example_shape, name="mlp")
+
+
+def femnist_cnn(example_shape: Sequence[int], num_classes: int) -> Model:
+    """The LEAF FEMNIST CNN (Caldas et al. 2018), for ``[H, W, C]`` images."""
+    if len(example_shape) != 3:
+        raise ValueError(f"femnist_cnn needs [height, width, channels] inputs, got {example_shape}")
+    return from_linen(_FemnistCNN(num_classes), example_shape, name="femnist_cnn")
+
+
+ZOO: dict[str, Callable[..., Model]] = {
+    "logistic_regression": logistic_regression,
+    "mlp": mlp,
+    "femnist_cnn": femnist_cnn,
+}

@@ -1,0 +1,40 @@
+"""Looking algorithms and samplers up by name, for configs and the command line.
+
+The engine never imports ``fedjax_het.algorithms`` or ``fedjax_het.sampling``
+(DESIGN.md §1): they announce their factories as package entry points
+(groups ``fedjax_het.algorithms`` and ``fedjax_het.samplers`` in
+``pyproject.toml``), and third-party packages can add their own the same way.
+``register`` adds one for the current process, e.g. from a notebook.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+GROUPS = {"algorithm": "fedjax_het.algorithms", "sampler": "fedjax_het.samplers"}
+_registered: dict[str, dict[str, Callable]] = {kind: {} for kind in GROUPS}
+
+
+def register(kind: str, name: str, factory: Callable) -> None:
+    """Makes ``factory`` available as ``name`` in configs (``kind``: "algorithm" or "sampler")."""
+    _registered[kind][name] = factory
+
+
+def names(kind: str) -> list[str]:
+    """Every registered name of ``kind``."""
+    found = {ep.name for ep in entry_points(group=GROUPS[kind])}
+    return sorted(found | set(_registered[kind]))
+
+
+def lookup(kind: str, name: str) -> Callable:
+    """The factory registered as ``name``; a clear error naming the choices otherwise."""
+    if name in _registered[kind]:
+        return _registered[kind][name]
+    for ep in entry_points(group=GROUPS[kind], name=name):
+        return ep.load()
+    known = names(kind)
+    hint = difflib.get_close_matches(name, known, n=1)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    raise ValueError(f"unknown {kind} {name!r}{suggestion}; known: {', '.join(known)}")

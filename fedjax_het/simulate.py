@@ -1,0 +1,277 @@
+"""The round function and the run loop (DESIGN.md §8).
+
+A round is one jitted program: select the cohort, train it (chunked
+``vmap``), aggregate, update the server. Rounds run as ``lax.scan`` blocks of
+``eval_every`` rounds; between blocks the host evaluates, logs, draws the
+progress bar and writes results. Randomness is ``fold_in(seed, round)`` then
+``fold_in(.., client_id)`` on named streams, never dependent on chunking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from tqdm.auto import tqdm
+
+from fedjax_het import results, rng
+from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.cohort import auto_chunk, run_cohort
+from fedjax_het.data.batching import LocalWork
+from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.metrics import client_accuracy_summary, evaluate
+from fedjax_het.models import Model
+from fedjax_het.sampler import Sampler
+from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, ServerState
+
+
+@struct.dataclass
+class RunState:
+    """Everything that changes between rounds."""
+
+    server_state: ServerState
+    client_states: ClientState  # stacked [num_clients, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """The static description of one round; ``step`` is the pure round function."""
+
+    model: Model
+    algorithm: FederatedAlgorithm
+    sampler: Sampler
+    spec: LocalSpec
+    chunk: int
+    weighting: str = "examples"
+
+    def step(
+        self, state: RunState, round_idx: jax.Array, hyper: Hyper, train: DeviceSplit, key: PRNGKey
+    ) -> tuple[RunState, dict[str, jax.Array]]:
+        """One round: ``(state, round) -> (state, per-round metrics)``."""
+        key = rng.round_key(key, round_idx)
+        ids = self.sampler.select(rng.stream(key, "select"), round_idx)
+        train_key = rng.stream(key, "train")
+        count = train.count[ids].astype(jnp.float32)
+        tasks = ClientTask(
+            client_id=ids,
+            weight=count if self.weighting == "examples" else jnp.ones_like(count),
+            step_limit=jnp.full(ids.shape, NO_STEP_LIMIT, jnp.int32),
+            key=jax.vmap(rng.client_key, in_axes=(None, 0))(train_key, ids),
+        )
+        broadcast = self.algorithm.broadcast(state.server_state)
+        client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
+        cohort_states = jax.tree.map(lambda s: s[ids], state.client_states)
+        sums, new_states, stats = run_cohort(
+            client_fn, cohort_states, tasks, self.algorithm.aggregator, chunk=self.chunk
+        )
+        server_state = self.algorithm.server_update(
+            state.server_state, self.algorithm.aggregator.finalize(sums), hyper
+        )
+        counted = tasks.weight > 0
+        client_states = jax.tree.map(
+            lambda all_s, new: all_s.at[ids].set(
+                jnp.where(counted.reshape(-1, *[1] * (new.ndim - 1)), new, all_s[ids])
+            ),
+            state.client_states,
+            new_states,
+        )
+        examples = jnp.sum(stats.examples)
+        metrics = {
+            "train_loss": jnp.sum(stats.loss_sum) / jnp.maximum(examples, 1),
+            "participants": jnp.sum(counted).astype(jnp.int32),
+            "examples": examples,
+        }
+        return RunState(server_state, client_states), metrics
+
+
+@dataclasses.dataclass
+class History:
+    """What a run produced.
+
+    Attributes:
+      metrics: one dict per evaluation (round 0 and every ``eval_every`` rounds).
+      round_metrics: per-round arrays ``[rounds]``: train_loss, participants, examples.
+      client_accuracy: ``[num_clients]`` last per-client test accuracy (NaN: no test rows).
+      params: the final global model.
+      state: the final ``RunState``.
+      summary: final figures, compile and run time.
+      out_dir: where results were written, or None.
+    """
+
+    metrics: list[dict[str, Any]]
+    round_metrics: dict[str, np.ndarray]
+    client_accuracy: np.ndarray
+    params: Params
+    state: RunState
+    summary: dict[str, Any]
+    out_dir: Path | None = None
+
+
+def device_split(split: ClientArrays) -> DeviceSplit:
+    return DeviceSplit(
+        x=jnp.asarray(split.x, jnp.float32) if split.x.dtype != np.float32 else jnp.asarray(split.x),
+        y=jnp.asarray(split.y, jnp.int32),
+        offset=jnp.asarray(split.offset, jnp.int32),
+        count=jnp.asarray(split.count, jnp.int32),
+    )
+
+
+def init_state(
+    model: Model, algorithm: FederatedAlgorithm, num_clients: int, hyper: Hyper, key: PRNGKey
+) -> RunState:
+    """Initial global model from ``stream(key, "init")`` and zeroed client states."""
+    params = model.init(rng.stream(key, "init"))
+    one = algorithm.client_init(params)
+    client_states = jax.tree.map(lambda s: jnp.broadcast_to(s, (num_clients, *s.shape)), one)
+    return RunState(algorithm.server_init(params, hyper), client_states)
+
+
+def run(
+    data: FederatedData,
+    model: Model,
+    algorithm: FederatedAlgorithm,
+    sampler: Sampler,
+    *,
+    rounds: int,
+    work: LocalWork,
+    hyper: Mapping[str, float] | None = None,
+    seed: int = 0,
+    eval_every: int = 10,
+    chunk: int | None = None,
+    unroll: int = 1,
+    weighting: str = "examples",
+    eval_batch_size: int = 1024,
+    progress: bool = True,
+    out_dir: str | Path | None = None,
+    config: Mapping[str, Any] | None = None,
+    on_eval: Callable[[dict[str, Any]], None] | None = None,
+) -> History:
+    """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
+
+    Args:
+      data: the federated dataset; its test split gives global and per-client accuracy.
+      model, algorithm, sampler: what to train, how, and who takes part.
+      rounds: number of rounds.
+      work: local work per selected client (batch size, epochs or steps).
+      hyper: overrides of the algorithm's traced hyperparameters.
+      seed: the run's root seed.
+      eval_every: rounds per ``lax.scan`` block between evaluations.
+      chunk: clients per ``vmap`` chunk (None: ``cohort.auto_chunk``).
+      unroll: local-step scan unrolling.
+      weighting: "examples" (FedAvg's n_k) or "uniform".
+      eval_batch_size: rows per evaluation batch.
+      progress: show a progress bar.
+      out_dir: write ``config.toml``, ``metrics.jsonl``, ``summary.json`` and
+        ``curves.png`` there.
+      config: the resolved config to record in ``out_dir`` (the CLI passes its own).
+      on_eval: called with each evaluation's metrics dict.
+
+    Returns:
+      A :class:`History`.
+    """
+    if sampler.num_clients != data.num_clients:
+        raise ValueError(
+            f"sampler draws from {sampler.num_clients} clients but the data has {data.num_clients}"
+        )
+    if rounds < 1 or eval_every < 1:
+        raise ValueError(f"rounds and eval_every must be >= 1, got {rounds} and {eval_every}")
+    if weighting not in ("examples", "uniform"):
+        raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
+    if data.test is None:
+        raise ValueError("run needs a test split to evaluate; build the data with one")
+    hyper_arrays = algorithm.hyper(hyper)
+    max_count = int(data.train.count.max())
+    spec = LocalSpec(model, algorithm, work, work.static_steps(max_count), max_count, unroll)
+    round_ = Round(
+        model, algorithm, sampler, spec,
+        chunk=chunk or auto_chunk(sampler.cohort_size), weighting=weighting,
+    )
+    train, test = device_split(data.train), device_split(data.test)
+    test_row_client = jnp.asarray(data.test.client_ids)
+    key = rng.seed_key(seed)
+
+    @jax.jit
+    def run_block(state, round_ids, hyper, train, key):
+        return jax.lax.scan(lambda s, r: round_.step(s, r, hyper, train, key), state, round_ids)
+
+    @jax.jit
+    def eval_fn(state, test, row_client):
+        params = algorithm.global_params(state.server_state)
+        return evaluate(model, params, test, row_client, batch_size=eval_batch_size)
+
+    writer = results.RunWriter(out_dir, config) if out_dir is not None else None
+    start = time.perf_counter()
+    state = jax.jit(init_state, static_argnums=(0, 1, 2))(
+        model, algorithm, data.num_clients, hyper_arrays, key
+    )
+    evaluations, per_round = [], []
+
+    def record(done: int, block_metrics: dict[str, np.ndarray] | None) -> dict[str, Any]:
+        ev = jax.device_get(eval_fn(state, test, test_row_client))
+        line = {
+            "round": done,
+            "wall_s": round(time.perf_counter() - start, 4),
+            "train_loss": float(np.mean(block_metrics["train_loss"])) if block_metrics else None,
+            "participants": int(block_metrics["participants"][-1]) if block_metrics else 0,
+            "test_loss": float(ev["loss"]),
+            "test_accuracy": float(ev["accuracy"]),
+            **client_accuracy_summary(ev["client_correct"], ev["client_count"]),
+        }
+        evaluations.append(line)
+        if writer:
+            writer.append(line)
+        if on_eval:
+            on_eval(line)
+        return ev
+
+    ev = record(0, None)
+    compile_s = None
+    bar = tqdm(total=rounds, desc="rounds", unit="round", disable=not progress, leave=True)
+    done = 0
+    while done < rounds:
+        block = min(eval_every, rounds - done)
+        round_ids = jnp.arange(done, done + block, dtype=jnp.int32)
+        t0 = time.perf_counter()
+        state, block_metrics = run_block(state, round_ids, hyper_arrays, train, key)
+        block_metrics = jax.device_get(block_metrics)
+        if compile_s is None:
+            compile_s = time.perf_counter() - t0
+        per_round.append(block_metrics)
+        done += block
+        ev = record(done, block_metrics)
+        bar.update(block)
+        bar.set_postfix(acc=f"{evaluations[-1]['test_accuracy']:.3f}")
+    bar.close()
+
+    round_metrics = {k: np.concatenate([b[k] for b in per_round]) for k in per_round[0]}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        client_accuracy = ev["client_correct"] / ev["client_count"]
+    final = evaluations[-1]
+    summary = {
+        "rounds": rounds,
+        "final_test_accuracy": final["test_accuracy"],
+        "final_test_loss": final["test_loss"],
+        "best_test_accuracy": max(e["test_accuracy"] for e in evaluations),
+        **{k: final[k] for k in final if k.startswith("client_accuracy")},
+        "wall_s": round(time.perf_counter() - start, 3),
+        "first_block_s_with_compile": round(compile_s, 3),
+        "chunk": round_.chunk,
+        "backend": jax.default_backend(),
+    }
+    history = History(
+        evaluations, round_metrics, client_accuracy,
+        algorithm.global_params(state.server_state), state, summary,
+    )
+    if writer:
+        writer.finish(history)
+        history.out_dir = writer.out_dir
+    return history
