@@ -72,6 +72,24 @@ class LocalSpec:
     unroll: int = 1
 
 
+def client_batches(
+    spec: LocalSpec, task: ClientTask, data: DeviceSplit
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Row indices ``[max_steps, batch]``, example mask and step count of one client's round."""
+    count = data.count[task.client_id]
+    indices, example_mask, num_steps = batch_indices(
+        rng.stream(task.key, "batches"),
+        data.offset[task.client_id],
+        count,
+        spec.work.examples_to_process(count),
+        max_steps=spec.max_steps,
+        batch_size=spec.work.batch_size,
+        max_count=spec.max_count,
+        shuffle=spec.work.shuffle,
+    )
+    return indices, example_mask, jnp.minimum(num_steps, task.step_limit)
+
+
 def local_update(
     spec: LocalSpec,
     hyper: Hyper,
@@ -81,20 +99,8 @@ def local_update(
     data: DeviceSplit,
 ) -> tuple[Update, ClientState, ClientStats]:
     """Trains one client from ``broadcast`` and returns its update, new state and stats."""
-    model, algorithm, work = spec.model, spec.algorithm, spec.work
-    cid = task.client_id
-    count = data.count[cid]
-    indices, example_mask, num_steps = batch_indices(
-        rng.stream(task.key, "batches"),
-        data.offset[cid],
-        count,
-        work.examples_to_process(count),
-        max_steps=spec.max_steps,
-        batch_size=work.batch_size,
-        max_count=spec.max_count,
-        shuffle=work.shuffle,
-    )
-    num_steps = jnp.minimum(num_steps, task.step_limit)
+    model, algorithm = spec.model, spec.algorithm
+    indices, example_mask, num_steps = client_batches(spec, task, data)
     xs, ys = data.x[indices], data.y[indices]
     train_key = rng.stream(task.key, "train")
     optimizer = algorithm.client_optimizer(hyper)

@@ -53,20 +53,26 @@ class Round:
     chunk: int
     weighting: str = "examples"
 
-    def step(
-        self, state: RunState, round_idx: jax.Array, hyper: Hyper, train: DeviceSplit, key: PRNGKey
-    ) -> tuple[RunState, dict[str, jax.Array]]:
-        """One round: ``(state, round) -> (state, per-round metrics)``."""
+    def cohort(
+        self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey
+    ) -> tuple[jax.Array, ClientTask]:
+        """The selected ids ``[m]`` and their tasks for round ``round_idx``."""
         key = rng.round_key(key, round_idx)
         ids = self.sampler.select(rng.stream(key, "select"), round_idx)
-        train_key = rng.stream(key, "train")
         count = train.count[ids].astype(jnp.float32)
         tasks = ClientTask(
             client_id=ids,
             weight=count if self.weighting == "examples" else jnp.ones_like(count),
             step_limit=jnp.full(ids.shape, NO_STEP_LIMIT, jnp.int32),
-            key=jax.vmap(rng.client_key, in_axes=(None, 0))(train_key, ids),
+            key=jax.vmap(rng.client_key, in_axes=(None, 0))(rng.stream(key, "train"), ids),
         )
+        return ids, tasks
+
+    def step(
+        self, state: RunState, round_idx: jax.Array, hyper: Hyper, train: DeviceSplit, key: PRNGKey
+    ) -> tuple[RunState, dict[str, jax.Array]]:
+        """One round: ``(state, round) -> (state, per-round metrics)``."""
+        ids, tasks = self.cohort(round_idx, train, key)
         broadcast = self.algorithm.broadcast(state.server_state)
         client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
         cohort_states = jax.tree.map(lambda s: s[ids], state.client_states)
