@@ -8,7 +8,8 @@ The zoo holds the models the papers use: logistic regression, the MLP of the
 throughput workload W1 and the LEAF FEMNIST CNN (Caldas et al. 2018, "LEAF: A
 Benchmark for Federated Settings", §4: two 5x5 conv layers of 32 and 64
 channels, each followed by 2x2 max-pooling, a 2048-unit dense layer and a
-softmax output).
+softmax output) and the LEAF Shakespeare character LSTM (§4: an 8-dimensional character
+embedding, two LSTM layers of 256 units, a dense layer to the vocabulary on the last position).
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ def from_linen(
     *,
     per_example_loss: Callable[[jax.Array, jax.Array], jax.Array] = softmax_cross_entropy,
     name: str | None = None,
+    input_dtype: jax.typing.DTypeLike = jnp.float32,
 ) -> Model:
     """Adapts a Flax linen module whose ``__call__(x[, train])`` maps a batch to outputs.
 
     Only the ``params`` collection is trained; a module that keeps mutable
     collections (BatchNorm statistics) needs client state and is not supported
-    by this adapter.
+    by this adapter. ``input_dtype`` is the dtype of the zeros that ``init``
+    traces the module with (an integer type for token inputs).
 
     >>> model = from_linen(nn.Dense(3), (4,))
     >>> params = model.init(jax.random.key(0))
@@ -77,7 +80,7 @@ def from_linen(
         return {"train": train} if takes_train else {}
 
     def init(key: PRNGKey) -> Params:
-        dummy = jnp.zeros((1, *example_shape), jnp.float32)
+        dummy = jnp.zeros((1, *example_shape), input_dtype)
         return module.init(key, dummy, **call_kwargs(False))["params"]
 
     def apply(params: Params, x: jax.Array, *, train: bool, key: PRNGKey | None) -> jax.Array:
@@ -120,6 +123,21 @@ class _FemnistCNN(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
+class _CharRNN(nn.Module):
+    num_classes: int
+    embed: int
+    hidden: int
+    layers: int
+    cell: type[nn.RNNCellBase]
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Embed(self.num_classes, self.embed)(x)
+        for _ in range(self.layers):
+            h = nn.RNN(self.cell(self.hidden))(h)
+        return nn.Dense(self.num_classes)(h[:, -1])
+
+
 def logistic_regression(example_shape: Sequence[int], num_classes: int) -> Model:
     """Multinomial logistic regression on flattened inputs."""
     return from_linen(_LogisticRegression(num_classes), example_shape, name="logistic_regression")
@@ -137,8 +155,67 @@ def femnist_cnn(example_shape: Sequence[int], num_classes: int) -> Model:
     return from_linen(_FemnistCNN(num_classes), example_shape, name="femnist_cnn")
 
 
+def _char_rnn(
+    name: str,
+    cell: type[nn.RNNCellBase],
+    example_shape: Sequence[int],
+    num_classes: int,
+    embed: int,
+    hidden: int,
+    layers: int,
+) -> Model:
+    if len(example_shape) != 1:
+        raise ValueError(f"{name} needs [sequence_length] integer inputs, got {example_shape}")
+    sizes = {"num_classes": num_classes, "embed": embed, "hidden": hidden, "layers": layers}
+    for argument, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name}: {argument} must be >= 1, got {value}")
+    module = _CharRNN(num_classes, embed, hidden, layers, cell)
+    return from_linen(module, example_shape, name=name, input_dtype=jnp.int32)
+
+
+def char_lstm(
+    example_shape: Sequence[int],
+    num_classes: int,
+    *,
+    embed: int = 8,
+    hidden: int = 256,
+    layers: int = 2,
+) -> Model:
+    """The LEAF Shakespeare model (Caldas et al. 2018, §4; its ``stacked_lstm``).
+
+    int32 character indices ``[batch, sequence_length]`` -> embedding of size
+    ``embed`` -> ``layers`` LSTM layers of ``hidden`` units (``nn.OptimizedLSTMCell``,
+    the standard LSTM equations with the gate matmuls fused) -> a dense layer on the
+    last position giving ``[batch, num_classes]`` logits of the next character.
+    ``num_classes`` is the vocabulary size, for inputs and outputs alike.
+
+    >>> model = char_lstm((80,), 81, hidden=16, layers=1)
+    >>> params = model.init(jax.random.key(0))
+    >>> model.apply(params, jnp.zeros((2, 80), jnp.int32), train=False, key=None).shape
+    (2, 81)
+    """
+    return _char_rnn(
+        "char_lstm", nn.OptimizedLSTMCell, example_shape, num_classes, embed, hidden, layers
+    )
+
+
+def char_gru(
+    example_shape: Sequence[int],
+    num_classes: int,
+    *,
+    embed: int = 8,
+    hidden: int = 256,
+    layers: int = 2,
+) -> Model:
+    """:func:`char_lstm` with GRU layers (``nn.GRUCell``) in place of the LSTM layers."""
+    return _char_rnn("char_gru", nn.GRUCell, example_shape, num_classes, embed, hidden, layers)
+
+
 ZOO: dict[str, Callable[..., Model]] = {
     "logistic_regression": logistic_regression,
     "mlp": mlp,
     "femnist_cnn": femnist_cnn,
+    "char_lstm": char_lstm,
+    "char_gru": char_gru,
 }

@@ -3,104 +3,131 @@
 Every partitioner returns a :data:`Partition`: one int64 array per client of indices into the
 dataset it was given, in random order within each client. Unless its docstring says otherwise,
 every example goes to exactly one client. All randomness comes from ``np.random.default_rng(seed)``,
-so the same arguments give the same split.
+so the same arguments give the same split. The kinds follow the taxonomy of Zhu et al., "Federated
+Learning on Non-IID Data: A Survey" (§3), and the recipes of the papers each docstring cites.
 
-- :func:`iid`: a uniform random split into equal sizes.
-- :func:`dirichlet_label_skew`: label-distribution skew by the NIID-Bench recipe of Li, Diao,
-  Chen and He, "Federated Learning on Non-IID Data Silos: An Experimental Study" (ICDE 2022),
-  §III-A: for every class c draw p_c ~ Dir_K(beta) over the K clients and split class c's
-  examples by p_c. Smaller beta gives more skew.
-- :func:`split_like`: a test set split over the same clients so that each client's test labels
-  follow its own training labels, for per-client test accuracy.
+By name (:data:`PARTITIONERS`, :func:`partition`), each called as
+``fn(labels, num_clients, seed=seed, **params)``:
 
-:func:`label_histogram` counts the labels each client holds.
+- ``"iid"``: :func:`iid`, a uniform random split (equal sizes, or given ``sizes``).
+- ``"dirichlet"``: :func:`dirichlet_label_skew`, p_c ~ Dir_K(beta) per class over clients
+  (NIID-Bench).
+- ``"dirichlet_client"``: :func:`dirichlet_client_skew`, q_k ~ Dir(beta * p) per client over
+  classes (Hsu et al. 2019).
+- ``"classes_per_client"``: :func:`classes_per_client`, exactly c classes per client (NIID-Bench).
+- ``"shards"``: :func:`shards`, s label-sorted shards per client (McMahan et al. 2017).
+- ``"quantity_lognormal"``, ``"quantity_dirichlet"``: IID content, skewed sizes
+  (:func:`quantity_lognormal`, Acar et al. 2021; :func:`quantity_dirichlet`, NIID-Bench).
+- ``"natural"``: :func:`natural`, one client per user/writer id.
+
+Per-client test splits: :func:`split_like` (a separate test set, split to follow each client's
+labels) and :func:`holdout` (a fraction of each client's own examples). :func:`label_histogram`
+counts the labels each client holds. Feature and label-noise transforms of a partitioned dataset
+are in :mod:`fedjax_het.data.feature_skew`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-Partition = list[np.ndarray]
-"""One int64 array of example indices per client."""
+from fedjax_het.data._partition_base import (
+    Partition,
+    call_registered,
+    check_int,
+    check_labels,
+    check_num_clients,
+    check_partition,
+    check_probability,
+    count_examples,
+    group_by_owner,
+)
+from fedjax_het.data.label_skew import (
+    classes_per_client,
+    dirichlet_client_skew,
+    dirichlet_label_skew,
+    shards,
+)
+from fedjax_het.data.quantity_skew import (
+    dirichlet_sizes,
+    iid,
+    lognormal_sizes,
+    quantity_dirichlet,
+    quantity_lognormal,
+)
+
+__all__ = [
+    "PARTITIONERS",
+    "Partition",
+    "classes_per_client",
+    "dirichlet_client_skew",
+    "dirichlet_label_skew",
+    "dirichlet_sizes",
+    "holdout",
+    "iid",
+    "label_histogram",
+    "lognormal_sizes",
+    "natural",
+    "partition",
+    "quantity_dirichlet",
+    "quantity_lognormal",
+    "shards",
+    "split_like",
+]
 
 
-def iid(num_examples: int, num_clients: int, *, seed: int) -> Partition:
-    """Splits ``num_examples`` examples uniformly at random into ``num_clients`` clients.
-
-    Client sizes differ by at most one; with more clients than examples some clients are empty.
-    """
-    _check_num_clients(num_clients)
-    if num_examples < 0:
-        raise ValueError(f"num_examples must be >= 0, got {num_examples}")
-    order = np.random.default_rng(seed).permutation(num_examples).astype(np.int64)
-    return np.array_split(order, num_clients)
-
-
-def dirichlet_label_skew(
-    labels: np.ndarray,
+def natural(
+    labels: np.ndarray | int,
     num_clients: int,
-    beta: float,
     *,
     seed: int,
-    min_size: int = 10,
-    max_tries: int = 100,
+    client_ids: np.ndarray,
+    min_size: int = 1,
 ) -> Partition:
-    """Label-skewed split by NIID-Bench's Dirichlet recipe (Li et al., ICDE 2022, §III-A).
+    """One client per natural id (user, writer, speaker), as LEAF splits FEMNIST by writer.
 
-    For every class c (in increasing label order) the class's examples are shuffled, a proportion
-    vector p_c ~ Dir_K(beta) is drawn over the K clients, and the examples are cut at
-    ``cumsum(p_c) * n_c`` (``np.split``), client k taking the k-th piece.
-
-    Balancing step (as in NIID-Bench's code): before class c is cut, every client already holding
-    at least N / K examples (N = ``len(labels)``) gets p_{k,c} = 0 and p_c is renormalised, so no
-    client grows far past an equal share. In the rare case that p_c puts all its mass on such full
-    clients, class c is split equally among the others.
-
-    The whole split is redrawn, up to ``max_tries`` times, until every client holds at least
-    ``min_size`` examples (NIID-Bench uses ``min_size=10`` and retries without limit).
+    Caldas et al., "LEAF: A Benchmark for Federated Settings" (2018), and the survey of Zhu et al.
+    (§3.1.3: EMNIST split by writer). Ids holding fewer than ``min_size`` examples are dropped;
+    of the rest, ``num_clients`` ids are chosen uniformly at random without replacement (all of
+    them when ``num_clients`` equals their number). Client k is the k-th smallest chosen id, so
+    ``client_ids[parts[k][0]]`` names it.
 
     Args:
-      labels: ``[N]`` non-negative integer class labels.
-      num_clients: K, the number of clients.
-      beta: Dirichlet concentration, > 0. Small beta (0.1) gives each client few classes; large
-        beta approaches every client holding the global label distribution. ``float('inf')``
-        uses equal proportions 1/K for every class (IID by class).
+      labels: ``[N]`` labels (only their number is used), or N itself.
+      num_clients: K, at most the number of ids with ``min_size`` or more examples.
       seed: seed of ``np.random.default_rng``.
-      min_size: fewest examples any client may hold.
-      max_tries: how many times the split is drawn before giving up.
+      client_ids: ``[N]`` id of each example's owner (integers or strings).
+      min_size: fewest examples an id needs to be a client.
 
     Returns:
-      K int64 index arrays into ``labels``; every example is in exactly one of them.
+      K int64 index arrays; examples of ids that were dropped or not chosen are left out.
 
-    Raises:
-      ValueError: on invalid arguments, or if no split in ``max_tries`` tries met ``min_size``.
+    >>> parts = natural(4, 2, seed=0, client_ids=np.array(["b", "a", "b", "a"]))
+    >>> [sorted(part.tolist()) for part in parts]
+    [[1, 3], [0, 2]]
     """
-    labels = _check_labels(labels, "labels")
-    _check_num_clients(num_clients)
-    if not beta > 0:
-        raise ValueError(f"beta must be > 0 (float('inf') for equal proportions), got {beta}")
-    if min_size < 0:
-        raise ValueError(f"min_size must be >= 0, got {min_size}")
-    if max_tries < 1:
-        raise ValueError(f"max_tries must be >= 1, got {max_tries}")
-    if num_clients * min_size > labels.size:
+    client_ids = np.asarray(client_ids)
+    num_examples = count_examples(labels)
+    if client_ids.shape != (num_examples,):
         raise ValueError(
-            f"num_clients * min_size = {num_clients} * {min_size} = {num_clients * min_size} "
-            f"exceeds the {labels.size} examples in labels; lower min_size or num_clients"
+            f"client_ids must have shape ({num_examples},), one id per example; "
+            f"got {client_ids.shape}"
+        )
+    check_int(min_size, "min_size", 1)
+    ids, owner, counts = np.unique(client_ids, return_inverse=True, return_counts=True)
+    eligible = np.flatnonzero(counts >= min_size)
+    check_num_clients(num_clients)
+    if num_clients > eligible.size:
+        raise ValueError(
+            f"num_clients={num_clients} exceeds the {eligible.size} ids holding at least "
+            f"min_size={min_size} examples (of {ids.size} ids); lower num_clients or min_size"
         )
     rng = np.random.default_rng(seed)
-    class_members = [np.flatnonzero(labels == c) for c in np.unique(labels)]
-    for _ in range(max_tries):
-        clients = _dirichlet_split_once(class_members, num_clients, beta, labels.size, rng)
-        if min(client.size for client in clients) >= min_size:
-            return [rng.permutation(client) for client in clients]
-    raise ValueError(
-        f"dirichlet_label_skew could not give every one of {num_clients} clients at least "
-        f"min_size={min_size} examples in {max_tries} tries (beta={beta}, {labels.size} "
-        "examples); lower min_size or raise beta"
-    )
+    chosen = np.sort(rng.choice(eligible, num_clients, replace=False))
+    client_of_id = np.full(ids.size, -1, dtype=np.int64)
+    client_of_id[chosen] = np.arange(num_clients)
+    return group_by_owner(client_of_id[owner], num_clients, rng)
 
 
 def split_like(
@@ -117,6 +144,8 @@ def split_like(
     sum over clients. A client's expected test label distribution is then proportional to its
     training label counts, and a client never gets test examples of a class it has not trained
     on. Test examples of a class that no client trains on are spread uniformly over the clients.
+    This is the per-client local test set the survey of Zhu et al. (§7, P0 item 10) asks for,
+    for label skew; for feature skew use :func:`holdout`, which keeps each client's own x.
 
     Args:
       client_train_indices: the training split, one index array into ``train_labels`` per client.
@@ -127,12 +156,12 @@ def split_like(
     Returns:
       One int64 index array into ``test_labels`` per client; every test example is in exactly one.
     """
-    train_labels = _check_labels(train_labels, "train_labels")
-    test_labels = _check_labels(test_labels, "test_labels")
-    num_clients = len(client_train_indices)
-    _check_num_clients(num_clients)
+    train_labels = check_labels(train_labels, "train_labels")
+    test_labels = check_labels(test_labels, "test_labels")
+    parts = check_partition(client_train_indices, train_labels.size, "client_train_indices")
+    num_clients = len(parts)
     num_classes = int(max(train_labels.max(initial=-1), test_labels.max(initial=-1))) + 1
-    train_counts = label_histogram(client_train_indices, train_labels, num_classes)
+    train_counts = label_histogram(parts, train_labels, num_classes)
     rng = np.random.default_rng(seed)
     owner = np.empty(test_labels.size, dtype=np.int64)
     for c in np.unique(test_labels):
@@ -144,17 +173,48 @@ def split_like(
             )
         else:
             owner[members] = rng.integers(num_clients, size=members.size)
-    shuffled = rng.permutation(test_labels.size)
-    grouped = shuffled[np.argsort(owner[shuffled], kind="stable")]
-    cut_points = np.cumsum(np.bincount(owner, minlength=num_clients))[:-1]
-    return np.split(grouped.astype(np.int64), cut_points)
+    return group_by_owner(owner, num_clients, rng)
+
+
+def holdout(
+    client_indices: Sequence[np.ndarray], test_fraction: float = 0.2, *, seed: int
+) -> tuple[Partition, Partition]:
+    """Holds out a random ``test_fraction`` of each client's own examples as its local test set.
+
+    Client k with n_k examples keeps ``round(test_fraction * n_k)`` of them, chosen uniformly
+    without replacement, for testing: a test set drawn from the client's own joint distribution
+    P_k(x, y), label, feature and concept skew alike (the per-client local test accuracy of the
+    survey of Zhu et al., §7, P0 item 10, and of LG-FedAvg, Liang et al. 2020).
+
+    Args:
+      client_indices: a partition, one index array per client.
+      test_fraction: the held-out fraction, in [0, 1].
+      seed: seed of ``np.random.default_rng``.
+
+    Returns:
+      ``(train, test)``: two partitions over the same clients whose union, client by client, is
+      ``client_indices``.
+
+    >>> train, test = holdout([np.arange(10), np.arange(10, 15)], 0.2, seed=0)
+    >>> [part.size for part in train], [part.size for part in test]
+    ([8, 4], [2, 1])
+    """
+    check_probability(test_fraction, "test_fraction")
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for part in client_indices:
+        shuffled = rng.permutation(np.asarray(part, dtype=np.int64))
+        num_test = int(np.round(test_fraction * shuffled.size))
+        test.append(shuffled[:num_test])
+        train.append(shuffled[num_test:])
+    return train, test
 
 
 def label_histogram(
     client_indices: Sequence[np.ndarray], labels: np.ndarray, num_classes: int
 ) -> np.ndarray:
     """``[K, num_classes]`` int64 counts: entry (k, c) is how many of client k's examples are c."""
-    labels = _check_labels(labels, "labels")
+    labels = check_labels(labels)
     if labels.size and labels.max() >= num_classes:
         raise ValueError(f"labels hold class {labels.max()} but num_classes is {num_classes}")
     counts = np.zeros((len(client_indices), num_classes), dtype=np.int64)
@@ -163,47 +223,34 @@ def label_histogram(
     return counts
 
 
-def _dirichlet_split_once(
-    class_members: list[np.ndarray],
-    num_clients: int,
-    beta: float,
-    num_examples: int,
-    rng: np.random.Generator,
-) -> Partition:
-    """One draw of the NIID-Bench split, without the ``min_size`` check."""
-    equal_share = num_examples / num_clients
-    pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    sizes = np.zeros(num_clients, dtype=np.int64)
-    for members in class_members:
-        members = rng.permutation(members)
-        if np.isinf(beta):
-            proportions = np.full(num_clients, 1.0 / num_clients)
-        else:
-            proportions = rng.dirichlet(np.full(num_clients, beta))
-        not_full = sizes < equal_share
-        proportions = np.where(not_full, proportions, 0.0)
-        if proportions.sum() > 0:
-            proportions = proportions / proportions.sum()
-        else:
-            proportions = not_full / np.count_nonzero(not_full)
-        cut_points = (np.cumsum(proportions) * members.size).astype(np.int64)[:-1]
-        for k, piece in enumerate(np.split(members, cut_points)):
-            pieces[k].append(piece)
-            sizes[k] += piece.size
-    return [np.concatenate(client_pieces).astype(np.int64) for client_pieces in pieces]
+PARTITIONERS: dict[str, Callable[..., Partition]] = {
+    "iid": iid,
+    "dirichlet": dirichlet_label_skew,
+    "dirichlet_client": dirichlet_client_skew,
+    "classes_per_client": classes_per_client,
+    "shards": shards,
+    "quantity_lognormal": quantity_lognormal,
+    "quantity_dirichlet": quantity_dirichlet,
+    "natural": natural,
+}
+"""Config name -> partitioner, each called as ``fn(labels, num_clients, seed=seed, **params)``."""
 
 
-def _check_labels(labels: np.ndarray, name: str) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {labels.shape}")
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {labels.dtype}")
-    if labels.size and labels.min() < 0:
-        raise ValueError(f"{name} must be >= 0, got a label {labels.min()}")
-    return labels
+def partition(kind: str, labels: np.ndarray, num_clients: int, *, seed: int, **params) -> Partition:
+    """Runs the partitioner registered as ``kind``, after checking the parameter names.
 
+    A config table such as ``[partition] kind = "dirichlet"  beta = 0.5  min_size = 10`` becomes
+    ``partition(**table, labels=labels, num_clients=K, seed=seed)``. The values are checked by the
+    partitioner itself (beta <= 0, c above the number of classes, more clients than examples...).
 
-def _check_num_clients(num_clients: int) -> None:
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    Raises:
+      ValueError: for an unknown ``kind`` (listing the choices), an unknown parameter (naming it
+        and listing the allowed ones), a missing required one, or a bad value.
+
+    >>> parts = partition("shards", np.repeat([0, 1], 10), 2, seed=0, shards_per_client=1)
+    >>> [part.size for part in parts]
+    [10, 10]
+    """
+    return call_registered(
+        PARTITIONERS, "partition kind", kind, (labels, num_clients), seed, params
+    )

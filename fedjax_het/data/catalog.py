@@ -1,0 +1,106 @@
+"""Datasets by name, for configs: each builds a :class:`FederatedData` from one config table.
+
+Two kinds of dataset:
+
+- centralised (``fashion_mnist``): one pool of examples that a partitioner
+  (the ``[partition]`` table, ``fedjax_het.data.partitioners``) splits over
+  ``num_clients`` clients; each client's test split is drawn from the global
+  test set so that its labels follow the client's own training labels
+  (``partitioners.split_like``);
+- natural (``synthetic``): the clients come with the data; ``[partition]``
+  must be absent.
+
+``DATASETS`` maps a name to its builder; a builder's keyword arguments are the
+keys its config table accepts (checked by ``fedjax_het.config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from fedjax_het.data import fashion_mnist, partitioners, synthetic
+from fedjax_het.data.federated import ClientArrays, FederatedData
+
+
+@dataclasses.dataclass(frozen=True)
+class Centralised:
+    """A pooled dataset waiting for a partitioner."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    name: str
+
+
+def fashion_mnist_subset(*, num_clients: int = 100, seed: int = 0) -> Centralised:
+    """The shipped stratified Fashion-MNIST subset (13,200 train, 5,000 test images).
+
+    ``num_clients`` and ``seed`` are the partitioner's (``federate``).
+    """
+    del num_clients, seed
+    arrays = fashion_mnist.load_fashion_mnist_subset()
+    return Centralised(
+        arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"],
+        num_classes=len(fashion_mnist.CLASS_NAMES), name="fashion_mnist",
+    )
+
+
+def leaf_synthetic(
+    *,
+    num_clients: int = 100,
+    alpha: float = 0.5,
+    beta: float = 0.5,
+    num_features: int = 60,
+    num_classes: int = 10,
+    iid: bool = False,
+    seed: int = 0,
+) -> FederatedData:
+    """LEAF's Synthetic(alpha, beta) (FedProx §5.1), generated; see ``data.synthetic``."""
+    clients = synthetic.leaf_synthetic(
+        num_clients, alpha=alpha, beta=beta, seed=seed, num_features=num_features,
+        num_classes=num_classes, iid=iid,
+    )
+    return FederatedData.from_client_arrays(
+        clients.train_x, clients.train_y, test_xs=clients.test_x, test_ys=clients.test_y,
+        num_classes=num_classes, name="synthetic",
+    )
+
+
+DATASETS: dict[str, Callable[..., Centralised | FederatedData]] = {
+    "fashion_mnist": fashion_mnist_subset,
+    "synthetic": leaf_synthetic,
+}
+NATURAL = frozenset({"synthetic"})  # datasets whose clients come with the data (no partitioner)
+
+
+def federate(
+    pooled: Centralised,
+    num_clients: int,
+    partition: Mapping[str, Any],
+    *,
+    seed: int,
+) -> FederatedData:
+    """Splits a pooled dataset with the partitioner named by ``partition["kind"]``."""
+    params = dict(partition)
+    kind = params.pop("kind")
+    train_parts = partitioners.partition(kind, pooled.y_train, num_clients, seed=seed, **params)
+    test_parts = partitioners.split_like(train_parts, pooled.y_train, pooled.y_test, seed=seed + 1)
+    return FederatedData(
+        train=_gather(pooled.x_train, pooled.y_train, train_parts),
+        test=_gather(pooled.x_test, pooled.y_test, test_parts),
+        num_classes=pooled.num_classes,
+        name=pooled.name,
+    )
+
+
+def _gather(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> ClientArrays:
+    order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    count = np.array([len(p) for p in parts], np.int32)
+    offset = (np.cumsum(count) - count).astype(np.int32)
+    return ClientArrays(x=x[order], y=y[order].astype(np.int32), offset=offset, count=count)
