@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from fedjax_het import results, rng
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.cohort import auto_chunk, run_cohort
+from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays, FederatedData
 from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
@@ -123,8 +124,10 @@ class History:
 
 
 def device_split(split: ClientArrays) -> DeviceSplit:
+    """The flat store on the device: float features as float32, token ids as int32."""
+    integer = np.issubdtype(split.x.dtype, np.integer)
     return DeviceSplit(
-        x=jnp.asarray(split.x, jnp.float32) if split.x.dtype != np.float32 else jnp.asarray(split.x),
+        x=jnp.asarray(split.x, jnp.int32 if integer else jnp.float32),
         y=jnp.asarray(split.y, jnp.int32),
         offset=jnp.asarray(split.offset, jnp.int32),
         count=jnp.asarray(split.count, jnp.int32),
@@ -215,6 +218,8 @@ def run(
         return evaluate(model, params, test, row_client, batch_size=eval_batch_size)
 
     writer = results.RunWriter(out_dir, config) if out_dir is not None else None
+    if writer:
+        diagnostics.save_report(data, writer.out_dir)
     start = time.perf_counter()
     state = jax.jit(init_state, static_argnums=(0, 1, 2))(
         model, algorithm, data.num_clients, hyper_arrays, key

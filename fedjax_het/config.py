@@ -1,0 +1,411 @@
+"""Typed, validated run configs from TOML (DESIGN.md §1: ``config.py``).
+
+A config is a TOML file of a few top-level numbers and one table per part
+of the experiment; anything left out takes the default of :data:`DEFAULTS`::
+
+    seed = 0            # the run's root seed (selection, local batches, init)
+    rounds = 200
+    eval_every = 10
+
+    [data]              # a dataset of fedjax_het.data.catalog.DATASETS and its options
+    name = "fashion_mnist"
+    num_clients = 100
+
+    [partition]         # centralised datasets only: a partitioner and its options
+    kind = "dirichlet"
+    beta = 0.5
+
+    [model]             # a model of fedjax_het.models.ZOO and its options
+    name = "mlp"
+
+    [algorithm]         # a registered algorithm; other keys are its options or hyperparameters
+    name = "fedavg"
+    client_lr = 0.05
+
+    [sampler]           # a registered client-selection rule
+    name = "uniform"
+    clients_per_round = 10
+
+    [local]             # fedjax_het.data.LocalWork: batch_size, epochs or steps, max_steps, shuffle
+    batch_size = 20
+    epochs = 1.0
+
+    [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size
+
+Every key is checked against the signature of the function it feeds, before
+anything is built or compiled: an unknown key, a value of the wrong type or an
+impossible value raises :class:`ConfigError` naming the key and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import inspect
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedjax_het import models, registry
+from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.data import catalog, partitioners
+from fedjax_het.data.batching import LocalWork
+from fedjax_het.data.federated import FederatedData
+from fedjax_het.sampler import Sampler
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key and what is allowed."""
+
+
+DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "rounds": 200,
+    "eval_every": 10,
+    "data": {"name": "fashion_mnist", "num_clients": 100},
+    "partition": {"kind": "dirichlet", "beta": 0.5, "min_size": 10},
+    "model": {"name": "mlp", "hidden": [200, 200]},
+    "algorithm": {"name": "fedavg", "client_lr": 0.05},
+    "sampler": {"name": "uniform", "clients_per_round": 10},
+    "local": {"batch_size": 20, "epochs": 1.0},
+    "engine": {"chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024},
+}
+SCALARS = {"seed": int, "rounds": int, "eval_every": int}
+ENGINE = {"chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int}
+
+
+@dataclasses.dataclass
+class Experiment:
+    """Everything a run needs, built from a validated config."""
+
+    data: FederatedData
+    model: models.Model
+    algorithm: FederatedAlgorithm
+    sampler: Sampler
+    work: LocalWork
+    hyper: dict[str, float]
+    config: dict[str, Any]
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`fedjax_het.simulate.run` this config asks for."""
+        engine = self.config["engine"]
+        return {
+            "rounds": self.config["rounds"],
+            "eval_every": self.config["eval_every"],
+            "seed": self.config["seed"],
+            "work": self.work,
+            "hyper": self.hyper,
+            "chunk": engine["chunk"] or None,
+            "unroll": engine["unroll"],
+            "weighting": engine["weighting"],
+            "eval_batch_size": engine["eval_batch_size"],
+        }
+
+
+def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Reads ``path`` (or nothing), applies ``--set`` style ``overrides``, merges the defaults.
+
+    Tables replace their defaults key by key; naming another ``data.name``,
+    ``partition.kind``, ``model.name`` or ``algorithm.name`` drops the default
+    options of the one it replaces.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    for item in overrides:
+        key, value = parse_override(item)
+        *tables, leaf = key.split(".")
+        node = raw
+        for table in tables:
+            node = node.setdefault(table, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {table!r} is not a table")
+        node[leaf] = value
+    return merge_defaults(raw)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"algorithm.client_lr=0.1"`` -> ``("algorithm.client_lr", 0.1)``; values are TOML."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key=value (e.g. algorithm.client_lr=0.1), got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()  # a bare word is a string
+    return key.strip(), value
+
+
+_NAME_KEYS = {"data": "name", "partition": "kind", "model": "name", "algorithm": "name"}
+
+
+def merge_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(_unknown("top-level key", unknown[0], DEFAULTS))
+    merged = copy.deepcopy(DEFAULTS)
+    for key, value in raw.items():
+        if isinstance(DEFAULTS[key], dict):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{key} must be a table ([{key}]), got {value!r}")
+            name_key = _NAME_KEYS.get(key)
+            if name_key in value and value[name_key] != DEFAULTS[key][name_key]:
+                merged[key] = {}
+            merged[key].update(value)
+        else:
+            merged[key] = value
+    local = raw.get("local", {})
+    if "steps" in local and "epochs" not in local:
+        merged["local"].pop("epochs", None)  # local work is given in steps instead
+    if merged["data"].get("name") in catalog.NATURAL and "partition" not in raw:
+        del merged["partition"]  # the clients come with the data
+    return merged
+
+
+def build(config: Mapping[str, Any]) -> Experiment:
+    """Validates every key of a merged config and builds the experiment's parts.
+
+    The returned experiment's ``config`` is the resolved config: every option
+    with the value the run uses, so writing it out gives a config that
+    reproduces the run.
+    """
+    config = copy.deepcopy(dict(config))
+    _check_run(config)
+    data_table = dict(config["data"])
+    dataset = _choose("data.name", data_table.pop("name", None), catalog.DATASETS)
+    data_args = _arguments("data", dataset, data_table)
+    config["data"] = {"name": config["data"]["name"], **_resolved(data_args, dataset)}
+    num_clients = config["data"]["num_clients"]
+    sampler_factory, cohort = _sampler(config["sampler"], num_clients)
+    work = _construct("local", LocalWork, config["local"])
+    config["local"] = {
+        f.name: getattr(work, f.name) for f in dataclasses.fields(work)
+        if getattr(work, f.name) is not None
+    }
+    model_table = dict(config["model"])
+    model_factory = _choose("model.name", model_table.pop("name", None), models.ZOO)
+    skip = ("example_shape", "num_classes")
+    model_args = _arguments("model", model_factory, model_table, skip)
+    config["model"] = {"name": config["model"]["name"], **_resolved(model_args, model_factory, skip)}
+    algorithm, hyper = _algorithm(config["algorithm"])
+    config["algorithm"] = {**config["algorithm"], **dict(algorithm.hyper_defaults), **hyper}
+    partition = _check_partition(config)
+    if partition is not None:
+        kind = partition["kind"]
+        params = _resolved(partition, partitioners.PARTITIONERS[kind], _PARTITION_SKIP)
+        config["partition"] = {"kind": kind, **{k: v for k, v in params.items() if k != "kind"}}
+
+    data = _build_data(dataset, data_args, partition, num_clients)
+    model = _guarded("model", lambda: model_factory(data.example_shape, data.num_classes, **model_args))
+    sampler = _guarded("sampler", lambda: sampler_factory(data.num_clients, cohort))
+    return Experiment(data, model, algorithm, sampler, work, hyper, config)
+
+
+def _check_run(config: dict[str, Any]) -> None:
+    """The top-level numbers and the [engine] table, in place."""
+    for key, kind in SCALARS.items():
+        config[key] = _check(key, config[key], kind)
+    for key in ("rounds", "eval_every"):
+        if config[key] < 1:
+            raise ConfigError(f"{key} must be >= 1, got {config[key]}")
+    engine = config["engine"]
+    for key in engine:
+        if key not in ENGINE:
+            raise ConfigError(_unknown("key", f"engine.{key}", {f"engine.{k}": 0 for k in ENGINE}))
+    for key, kind in ENGINE.items():
+        engine[key] = _check(f"engine.{key}", engine.get(key, DEFAULTS["engine"][key]), kind)
+    if engine["chunk"] < 0:
+        raise ConfigError(f"engine.chunk must be >= 0 (0: automatic), got {engine['chunk']}")
+    for key in ("unroll", "eval_batch_size"):
+        if engine[key] < 1:
+            raise ConfigError(f"engine.{key} must be >= 1, got {engine[key]}")
+    if engine["weighting"] not in ("examples", "uniform"):
+        raise ConfigError(
+            f"engine.weighting must be 'examples' or 'uniform', got {engine['weighting']!r}"
+        )
+
+
+def _sampler(table: Mapping[str, Any], num_clients: int) -> tuple[Callable, int]:
+    table = dict(table)
+    factory = _registered("sampler", table.pop("name", None))
+    cohort = _check("sampler.clients_per_round", table.pop("clients_per_round", 10), int)
+    for key in table:
+        allowed = {"sampler.name": 0, "sampler.clients_per_round": 0}
+        raise ConfigError(_unknown("key", f"sampler.{key}", allowed))
+    if not 1 <= cohort <= num_clients:
+        raise ConfigError(
+            f"sampler.clients_per_round must be between 1 and data.num_clients={num_clients}, "
+            f"got {cohort}"
+        )
+    return factory, cohort
+
+
+_PARTITION_SKIP = ("labels", "num_clients", "seed")
+
+
+def _check_partition(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    name = config["data"].get("name")
+    if name in catalog.NATURAL:
+        if "partition" in config:
+            raise ConfigError(
+                f"[partition] does not apply to data.name={name!r}, whose clients come with the "
+                "data; remove the table"
+            )
+        return None
+    partition = dict(config.get("partition") or {})
+    kind = partition.pop("kind", None)
+    if kind not in partitioners.PARTITIONERS:
+        raise ConfigError(_unknown("partition.kind", kind, partitioners.PARTITIONERS))
+    checked = _arguments("partition", partitioners.PARTITIONERS[kind], partition, _PARTITION_SKIP)
+    return {"kind": kind, **checked}
+
+
+def _build_data(dataset, data_args, partition, num_clients) -> FederatedData:
+    built = _guarded("data", lambda: dataset(**data_args))
+    if partition is None:
+        return built
+    seed = data_args.get("seed", 0)
+    return _guarded("partition", lambda: catalog.federate(built, num_clients, partition, seed=seed))
+
+
+def _algorithm(table: Mapping[str, Any]) -> tuple[FederatedAlgorithm, dict[str, float]]:
+    table = dict(table)
+    factory = _registered("algorithm", table.pop("name", None))
+    params = configurable(factory)
+    structural = {k: v for k, v in table.items() if k in params}
+    algorithm = _guarded("algorithm", lambda: factory(**_arguments("algorithm", factory, structural)))
+    allowed = dict(algorithm.hyper_defaults)
+    hyper = {}
+    for key, value in table.items():
+        if key in structural:
+            continue
+        if key not in allowed:
+            raise ConfigError(_unknown("key", f"algorithm.{key}",
+                                       {f"algorithm.{k}": 0 for k in [*allowed, *params]}))
+        hyper[key] = _check(f"algorithm.{key}", value, float)
+    for key, value in {**allowed, **hyper}.items():
+        if key.endswith("_lr") and not value > 0:
+            raise ConfigError(f"algorithm.{key} is a learning rate and must be > 0, got {value}")
+        if key.endswith("_momentum") and not 0 <= value < 1:
+            raise ConfigError(f"algorithm.{key} must lie in [0, 1), got {value}")
+    return algorithm, hyper
+
+
+def _registered(kind: str, name: Any) -> Callable:
+    """The factory registered under ``name`` (``fedjax_het.registry``)."""
+    known = registry.names(kind)
+    if name not in known:
+        raise ConfigError(_unknown(f"{kind}.name", name, dict.fromkeys(known)))
+    return registry.lookup(kind, name)
+
+
+def _choose(key: str, name: Any, choices: Mapping[str, Any]) -> Any:
+    if name not in choices:
+        raise ConfigError(_unknown(key, name, choices))
+    return choices[name]
+
+
+def _arguments(table: str, fn: Callable, values: Mapping[str, Any], skip: Sequence[str] = ()) -> dict:
+    """Checks ``values`` against ``fn``'s configurable keyword parameters and their type hints.
+
+    Configurable parameters are those whose default is a TOML value (number,
+    string, bool, list) or that have no default. Returns the checked values.
+    """
+    params = configurable(fn, skip)
+    hints = typing.get_type_hints(fn)
+    out = {}
+    for key, value in values.items():
+        if key not in params:
+            raise ConfigError(_unknown("key", f"{table}.{key}", {f"{table}.{k}": 0 for k in params}))
+        out[key] = _check(f"{table}.{key}", value, hints.get(key, Any))
+    return out
+
+
+def configurable(fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``{name: default}`` of ``fn``'s parameters a config table may set (no default: ``...``)."""
+    out = {}
+    for name, p in inspect.signature(fn).parameters.items():
+        if name in skip or p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+            continue
+        if p.default is p.empty:
+            out[name] = ...
+        elif isinstance(p.default, (bool, int, float, str, list, tuple)):
+            out[name] = list(p.default) if isinstance(p.default, tuple) else p.default
+    return out
+
+
+def _resolved(table: Mapping[str, Any], fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``table`` with every configurable default of ``fn`` filled in, for the run's record."""
+    defaults = {k: v for k, v in configurable(fn, skip).items() if v is not ...}
+    return {**defaults, **table}
+
+
+def _construct(table: str, cls: type, values: Mapping[str, Any]):
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in values:
+        if key not in fields:
+            raise ConfigError(_unknown("key", f"{table}.{key}", {f"{table}.{k}": 0 for k in fields}))
+    checked = {k: _check(f"{table}.{k}", v, hints[k]) for k, v in values.items()}
+    if "steps" in checked and "epochs" not in checked:
+        checked["epochs"] = None
+    return _guarded(table, lambda: cls(**checked))
+
+
+def _guarded(table: str, make: Callable[[], Any]) -> Any:
+    """Runs a constructor, turning its ValueError into a ConfigError that names the table."""
+    try:
+        return make()
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"[{table}] {err}") from None
+
+
+def _check(key: str, value: Any, hint: Any) -> Any:
+    """``value`` converted to ``hint`` (int, float, bool, str, sequences, optionals) or a ConfigError."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _check(key, value, option)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{key} has an unsupported type")
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if hint is str and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    if origin in (list, tuple, Sequence, typing.Sequence) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return [_check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else value
+    return value
+
+
+def _unknown(what: str, name: Any, choices: Mapping[str, Any]) -> str:
+    known = sorted(choices)
+    hint = difflib.get_close_matches(str(name), known, n=1)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"unknown {what} {name!r}{suggestion}; allowed: {', '.join(known)}"

@@ -1,0 +1,104 @@
+"""Configs: defaults, overrides, a resolved config that reproduces itself, and clear errors."""
+
+import tomllib
+
+import pytest
+
+from fedjax_het import config, results
+
+TINY = [
+    'data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3",
+    "model.name=logistic_regression", "rounds=2", "eval_every=1",
+]
+
+
+def build(*overrides):
+    return config.build(config.load(None, [*TINY, *overrides]))
+
+
+def test_defaults_are_the_documented_default_experiment():
+    experiment = config.build(config.load())
+    assert experiment.data.name == "fashion_mnist"
+    assert experiment.data.num_clients == 100
+    assert experiment.sampler.cohort_size == 10
+    assert experiment.algorithm.name == "fedavg"
+    assert experiment.config["partition"] == {
+        "kind": "dirichlet", "beta": 0.5, "min_size": 10, "max_tries": 100,
+    }
+
+
+def test_overrides_are_typed_toml_values():
+    assert config.parse_override("algorithm.client_lr=0.1") == ("algorithm.client_lr", 0.1)
+    assert config.parse_override("model.hidden=[8, 8]") == ("model.hidden", [8, 8])
+    assert config.parse_override("algorithm.name=fedadam") == ("algorithm.name", "fedadam")
+    experiment = build("algorithm.client_lr=0.5", "local.steps=3")
+    assert experiment.hyper == {"client_lr": 0.5}
+    assert experiment.work.steps == 3 and experiment.work.epochs is None
+
+
+def test_resolved_config_rebuilds_to_itself(tmp_path):
+    first = build("algorithm.name=fedavgm").config
+    path = tmp_path / "config.toml"
+    path.write_text(results.to_toml(first))
+    assert tomllib.loads(path.read_text()) == first
+    assert config.build(config.load(path)).config == first
+
+
+def test_switching_algorithm_drops_the_old_defaults():
+    experiment = build("algorithm.name=fedadam")
+    assert experiment.algorithm.name == "fedadam"
+    assert "server_b1" in experiment.config["algorithm"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("colour=1", "unknown top-level key 'colour'"),
+        ("algorithm.clientlr=0.1", "unknown key 'algorithm.clientlr' (did you mean 'algorithm.client_lr'?)"),
+        ("data.clients=4", "unknown key 'data.clients'"),
+        ("model.name=resnet9000", "unknown model.name 'resnet9000'"),
+        ("algorithm.name=fedsgd", "unknown algorithm.name 'fedsgd'"),
+        ("engine.chunks=2", "unknown key 'engine.chunks'"),
+        ("sampler.clients_per_round=7", "sampler.clients_per_round must be between 1 and data.num_clients=6"),
+        ("algorithm.client_lr=-0.1", "algorithm.client_lr is a learning rate and must be > 0"),
+        ("algorithm.client_lr=true", "algorithm.client_lr must be a number"),
+        ("local.batch_size=2.5", "local.batch_size must be an integer"),
+        ("local.batch_size=0", "batch_size must be >= 1"),
+        ("rounds=0", "rounds must be >= 1"),
+        ("engine.weighting=size", "engine.weighting must be 'examples' or 'uniform'"),
+        ("data.alpha=-1.0", "alpha must be finite and >= 0"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(config.ConfigError) as err:
+        build(override)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["partition.beta=0.0"], "beta"),
+        (["partition.kind=classes_per_client", "partition.c=11"], "c"),
+        (["partition.kind=dirichlet_by_magic"], "unknown partition.kind 'dirichlet_by_magic'"),
+        (["partition.bta=0.5"], "unknown key 'partition.bta'"),
+    ],
+)
+def test_partition_errors(overrides, message):
+    with pytest.raises(config.ConfigError) as err:
+        config.build(config.load(None, overrides))
+    assert message in str(err.value)
+
+
+def test_partition_with_a_natural_dataset_is_refused():
+    with pytest.raises(config.ConfigError, match=r"\[partition\] does not apply"):
+        build("partition.kind=iid")
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(config.ConfigError, match="does not exist"):
+        config.load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = = 3\n")
+    with pytest.raises(config.ConfigError, match="not valid TOML"):
+        config.load(bad)
