@@ -2,5 +2,7 @@
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedadagrad, fedadam, fedavg, fedavgm, fedyogi
+from fedjax_het.algorithms.fednova import fednova
+from fedjax_het.algorithms.fedprox import fedprox
 
-__all__ = ["fedadagrad", "fedadam", "fedavg", "fedavgm", "fedyogi", "optimizers"]
+__all__ = ["fedadagrad", "fedadam", "fedavg", "fedavgm", "fednova", "fedprox", "fedyogi", "optimizers"]

@@ -20,11 +20,13 @@ FedAvgM (Hsu et al. 2019), Adam/Yogi/Adagrad give FedAdam/FedYogi/FedAdagrad
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import optax
 from flax import struct
 
-from fedjax_het.algorithm import FederatedAlgorithm, model_loss, weighted_mean
+from fedjax_het.algorithm import Aggregator, FederatedAlgorithm, model_loss, weighted_mean
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.optimizers import HyperOptimizer
 from fedjax_het.typing import Hyper, Params, PyTree
@@ -42,18 +44,27 @@ def fedavg(
     *,
     client_optimizer: HyperOptimizer | None = None,
     server_optimizer: HyperOptimizer | None = None,
+    local_loss: Callable[..., jax.Array] = model_loss,
+    aggregator: Aggregator | None = None,
+    extra_hyper: tuple[tuple[str, float], ...] = (),
     name: str = "fedavg",
 ) -> FederatedAlgorithm:
-    """FedAvg with pluggable client and server optimizers.
+    """FedAvg with pluggable client and server optimizers, local objective and aggregation.
 
     Args:
       client_optimizer: local optimizer; default SGD with ``client_lr = 0.05``.
       server_optimizer: optimizer on the pseudo-gradient; default SGD with
         ``server_lr = 1.0`` (plain FedAvg).
+      local_loss: the local objective ``(model, params, broadcast, batch, hyper, key)``;
+        FedProx adds its proximal term here.
+      aggregator: how client updates combine; default the weighted mean.
+      extra_hyper: ``((name, default), ...)`` traced hyperparameters that
+        ``local_loss`` or ``aggregator`` read.
       name: registry name reported in logs.
 
     Returns:
-      The algorithm. Its traced hyperparameters are those of both optimizers.
+      The algorithm. Its traced hyperparameters are those of both optimizers
+      and ``extra_hyper``.
     """
     client_optimizer = client_optimizer or optimizers.sgd("client", lr=0.05)
     server_optimizer = server_optimizer or optimizers.sgd("server", lr=1.0)
@@ -73,14 +84,16 @@ def fedavg(
 
     return FederatedAlgorithm(
         name=name,
-        hyper_defaults=client_optimizer.hyper_defaults + server_optimizer.hyper_defaults,
+        hyper_defaults=(
+            client_optimizer.hyper_defaults + server_optimizer.hyper_defaults + extra_hyper
+        ),
         server_init=server_init,
         broadcast=lambda state: state.params,
         client_init=lambda params: (),
         client_optimizer=client_optimizer.build,
-        local_loss=model_loss,
+        local_loss=local_loss,
         client_finalize=client_finalize,
-        aggregator=weighted_mean(),
+        aggregator=aggregator or weighted_mean(),
         server_update=server_update,
         global_params=lambda state: state.params,
     )

@@ -10,7 +10,7 @@ One round, for the clients of a cohort::
     payload = broadcast(server_state)
     # per client, in local.py: optimise local_loss from payload with client_optimizer(hyper)
     update, client_state = client_finalize(payload, local_params, client_state, hyper)
-    # cohort.py: sums = Σ_k aggregator.contribute(update_k, weight_k)
+    # cohort.py: sums = Σ_k aggregator.contribute(update_k, weight_k, stats_k)
     server_state = server_update(server_state, aggregator.finalize(sums), hyper)
 """
 
@@ -22,9 +22,28 @@ from collections.abc import Callable, Mapping
 import jax
 import jax.numpy as jnp
 import optax
+from flax import struct
 
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, PyTree, ServerState, Update
+
+
+@struct.dataclass
+class ClientStats:
+    """What a client reports with its update.
+
+    Attributes:
+      loss_sum: Σ of the training loss over the examples it processed.
+      examples: examples processed.
+      steps: local steps taken (FedNova's tau_k).
+      trained: the train mask it used (pytree of 0/1 shaped like, or broadcastable to,
+        the params), or None when it trained every parameter.
+    """
+
+    loss_sum: jax.Array
+    examples: jax.Array
+    steps: jax.Array
+    trained: PyTree | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,30 +54,56 @@ class Aggregator:
     carry (DESIGN.md §6): memory is ``chunk x params``, not ``cohort x params``.
 
     Attributes:
-      contribute: ``(update, weight) -> pytree`` one client's share of the sums.
-        A client of weight 0 must contribute exact zeros.
+      contribute: ``(update, weight, stats) -> pytree`` one client's share of the
+        sums. A client of weight 0 must contribute exact zeros, whatever its update
+        holds (a diverged client's NaNs included).
       finalize: ``sums -> aggregate``.
     """
 
-    contribute: Callable[[Update, jax.Array], PyTree]
+    contribute: Callable[[Update, jax.Array, ClientStats], PyTree]
     finalize: Callable[[PyTree], Update]
 
 
+def _kept(weight: jax.Array, value: jax.Array) -> jax.Array:
+    """``weight * value``, exactly 0 where the weight is 0 (``where``, so NaN cannot leak)."""
+    return jnp.where(weight > 0, weight.astype(value.dtype) * value, 0)
+
+
 def weighted_mean() -> Aggregator:
-    """``Σ_k w_k u_k / Σ_k w_k`` over clients with ``w_k > 0``; zero when nobody counts.
+    """``Σ_k w_k u_k / Σ_k w_k`` over clients with ``w_k > 0``; zero when nobody counts."""
 
-    Clients of weight 0 are removed with ``where``, not by multiplying by
-    zero, so a diverged (non-finite) update of a dropped client cannot leak in.
-    """
-
-    def contribute(update: Update, weight: jax.Array) -> PyTree:
-        keep = weight > 0
-        weighted = jax.tree.map(lambda u: jnp.where(keep, weight.astype(u.dtype) * u, 0), update)
-        return weighted, jnp.where(keep, weight, 0.0)
+    def contribute(update: Update, weight: jax.Array, stats: ClientStats) -> PyTree:
+        del stats
+        return jax.tree.map(lambda u: _kept(weight, u), update), _kept(weight, jnp.float32(1))
 
     def finalize(sums: PyTree) -> Update:
         weighted, total = sums
         return jax.tree.map(lambda s: s / jnp.maximum(total, 1e-30).astype(s.dtype), weighted)
+
+    return Aggregator(contribute, finalize)
+
+
+def masked_mean() -> Aggregator:
+    """Per coordinate, ``Σ_k w_k m_k u_k / Σ_k w_k m_k`` over the clients that trained it.
+
+    ``m_k`` is client k's train mask (``stats.trained``; all ones when None).
+    A coordinate nobody trained gets 0. This is FreezeFL's layer-wise
+    aggregation (Chou et al., "FreezeFL", 2023, §III-C) and the usual rule for
+    sub-model training (HeteroFL, FjORD): a frozen or absent coordinate does
+    not pull the average towards zero.
+    """
+
+    def contribute(update: Update, weight: jax.Array, stats: ClientStats) -> PyTree:
+        mask = stats.trained
+        if mask is None:
+            mask = jax.tree.map(lambda u: jnp.ones((), u.dtype), update)
+        weighted = jax.tree.map(lambda u, m: _kept(weight, m * u), update, mask)
+        counts = jax.tree.map(lambda u, m: _kept(weight, jnp.broadcast_to(m, u.shape)), update, mask)
+        return weighted, counts
+
+    def finalize(sums: PyTree) -> Update:
+        weighted, counts = sums
+        return jax.tree.map(lambda s, c: jnp.where(c > 0, s / jnp.where(c > 0, c, 1), 0), weighted, counts)
 
     return Aggregator(contribute, finalize)
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import Aggregator
-from fedjax_het.local import ClientStats, ClientTask
+from fedjax_het.algorithm import Aggregator, ClientStats
+from fedjax_het.local import ClientTask
 from fedjax_het.typing import ClientState, PyTree, Update
 
 ClientFn = Callable[[ClientState, ClientTask], tuple[Update, ClientState, ClientStats]]
@@ -79,18 +79,20 @@ def run_cohort(
             return jax.tree.map(lambda x: x[None], client_fn(*single))
         return jax.vmap(client_fn)(states, chunk_tasks)
 
+    def chunk_sums(updates, weights, stats):
+        contributions = jax.vmap(aggregator.contribute)(updates, weights, stats)
+        return jax.tree.map(lambda c: jnp.sum(c, axis=0), contributions)
+
     def body(sums, inputs):
         updates, new_states, stats = run_chunk(*inputs)
-        contributions = jax.vmap(aggregator.contribute)(updates, inputs[1].weight)
-        sums = jax.tree.map(lambda total, c: total + jnp.sum(c, axis=0), sums, contributions)
+        sums = jax.tree.map(jnp.add, sums, chunk_sums(updates, inputs[1].weight, stats))
         return sums, (new_states, stats)
 
     first = jax.tree.map(lambda x: x[0], (chunked_states, chunked_tasks))
-    update_shape = jax.eval_shape(lambda s, t: run_chunk(s, t)[0], *first)
     sums_shape = jax.eval_shape(
-        lambda u, w: jax.tree.map(lambda c: jnp.sum(c, 0), jax.vmap(aggregator.contribute)(u, w)),
-        update_shape,
-        first[1].weight,
+        lambda states, tasks: chunk_sums(run_chunk(states, tasks)[0], tasks.weight,
+                                         run_chunk(states, tasks)[2]),
+        *first,
     )
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
     sums, (new_states, stats) = jax.lax.scan(body, zeros, (chunked_states, chunked_tasks))

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
 from fedjax_het.data.batching import LocalWork, batch_indices
 from fedjax_het.models import Model
-from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, Update
+from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree, Update
 
 NO_STEP_LIMIT = 2**30
 
@@ -43,21 +43,16 @@ class ClientTask:
       weight: float32 aggregation weight; 0 means the update has no influence.
       step_limit: int32 most steps this client may finish (deadlines, partial work).
       key: this client's key for this round, ``fold_in(fold_in(seed, round), id)``.
+      train_mask: 0/1 pytree broadcastable to the params (per leaf: a scalar;
+        per unit: an array): which parameters this client trains (freezing,
+        sub-models, personal layers). None trains everything, at no cost.
     """
 
     client_id: jax.Array
     weight: jax.Array
     step_limit: jax.Array
     key: PRNGKey
-
-
-@struct.dataclass
-class ClientStats:
-    """Per-client results of a round besides the update."""
-
-    loss_sum: jax.Array  # Σ over processed examples of the training loss
-    examples: jax.Array  # examples processed
-    steps: jax.Array  # steps taken
+    train_mask: PyTree | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +108,13 @@ def local_update(
         s, x, y, mask = inputs
         loss, grads = jax.value_and_grad(loss_fn)(params, (x, y, mask), jax.random.fold_in(train_key, s))
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        active = s < num_steps
-        params = jax.tree.map(lambda p, u: p + active.astype(u.dtype) * u, params, updates)
+        active = (s < num_steps).astype(jnp.float32)
+        scale = jax.tree.map(lambda u: active.astype(u.dtype), updates)
+        if task.train_mask is not None:
+            scale = jax.tree.map(lambda a, m: a * m, scale, task.train_mask)
+        params = jax.tree.map(lambda p, u, a: p + a * u, params, updates, scale)
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
-        processed = jnp.where(active, jnp.sum(mask), 0)
+        processed = jnp.where(s < num_steps, jnp.sum(mask), 0)
         return (params, opt_state, loss_sum + loss * processed), processed
 
     steps = jnp.arange(spec.max_steps, dtype=jnp.int32)
@@ -125,5 +123,5 @@ def local_update(
         step, init, (steps, xs, ys, example_mask), unroll=spec.unroll
     )
     update, client_state = algorithm.client_finalize(broadcast, params, client_state, hyper)
-    stats = ClientStats(loss_sum=loss_sum, examples=jnp.sum(processed), steps=num_steps)
+    stats = ClientStats(loss_sum, jnp.sum(processed), num_steps, task.train_mask)
     return update, client_state, stats
