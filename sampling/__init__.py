@@ -1,5 +1,36 @@
-"""Client selection (``fedjax_het.sampling``)."""
+"""Client selection and heterogeneity samplers (``fedjax_het.sampling``)."""
 
+from fedjax_het.sampling.dpcsm import StateSample, dpcsm, ready_fraction_score
+from fedjax_het.sampling.dpgmm import DeviceSample, dpgmm
+from fedjax_het.sampling.presets import (
+    DEVICE_CASES,
+    DEVICE_PRESETS,
+    STATE_CASES,
+    STATE_PRESETS,
+    DevicePreset,
+    InterplayGrid,
+    StatePreset,
+    interplay_grid,
+    sample_devices,
+    sample_states,
+)
 from fedjax_het.sampling.uniform import uniform
 
-__all__ = ["uniform"]
+__all__ = [
+    "DEVICE_CASES",
+    "DEVICE_PRESETS",
+    "STATE_CASES",
+    "STATE_PRESETS",
+    "DeviceSample",
+    "DevicePreset",
+    "InterplayGrid",
+    "StatePreset",
+    "StateSample",
+    "dpcsm",
+    "dpgmm",
+    "interplay_grid",
+    "ready_fraction_score",
+    "sample_devices",
+    "sample_states",
+    "uniform",
+]
