@@ -185,8 +185,7 @@ def build(config: Mapping[str, Any]) -> Experiment:
     dataset = _choose("data.name", data_table.pop("name", None), catalog.DATASETS)
     data_args = _arguments("data", dataset, data_table)
     config["data"] = {"name": config["data"]["name"], **_resolved(data_args, dataset)}
-    num_clients = config["data"]["num_clients"]
-    sampler_factory, cohort = _sampler(config["sampler"], num_clients)
+    sampler_factory, cohort = _sampler(config["sampler"], config["data"].get("num_clients") or None)
     work = _construct("local", LocalWork, config["local"])
     config["local"] = {
         f.name: getattr(work, f.name) for f in dataclasses.fields(work)
@@ -205,7 +204,12 @@ def build(config: Mapping[str, Any]) -> Experiment:
         params = _resolved(partition, partitioners.PARTITIONERS[kind], _PARTITION_SKIP)
         config["partition"] = {"kind": kind, **{k: v for k, v in params.items() if k != "kind"}}
 
-    data = _build_data(dataset, data_args, partition, num_clients)
+    data = _build_data(dataset, data_args, partition, config["data"].get("num_clients"))
+    if cohort > data.num_clients:
+        raise ConfigError(
+            f"sampler.clients_per_round must be between 1 and the {data.num_clients} clients of "
+            f"the data, got {cohort}"
+        )
     model = _guarded("model", lambda: model_factory(data.example_shape, data.num_classes, **model_args))
     sampler = _guarded("sampler", lambda: sampler_factory(data.num_clients, cohort))
     return Experiment(data, model, algorithm, sampler, work, hyper, config)
@@ -235,14 +239,15 @@ def _check_run(config: dict[str, Any]) -> None:
         )
 
 
-def _sampler(table: Mapping[str, Any], num_clients: int) -> tuple[Callable, int]:
+def _sampler(table: Mapping[str, Any], num_clients: int | None) -> tuple[Callable, int]:
+    """The sampler factory and cohort size; checked against ``num_clients`` when it is known."""
     table = dict(table)
     factory = _registered("sampler", table.pop("name", None))
     cohort = _check("sampler.clients_per_round", table.pop("clients_per_round", 10), int)
     for key in table:
         allowed = {"sampler.name": 0, "sampler.clients_per_round": 0}
         raise ConfigError(_unknown("key", f"sampler.{key}", allowed))
-    if not 1 <= cohort <= num_clients:
+    if cohort < 1 or (num_clients is not None and cohort > num_clients):
         raise ConfigError(
             f"sampler.clients_per_round must be between 1 and data.num_clients={num_clients}, "
             f"got {cohort}"
@@ -328,6 +333,9 @@ def _arguments(table: str, fn: Callable, values: Mapping[str, Any], skip: Sequen
         if key not in params:
             raise ConfigError(_unknown("key", f"{table}.{key}", {f"{table}.{k}": 0 for k in params}))
         out[key] = _check(f"{table}.{key}", value, hints.get(key, Any))
+    missing = [k for k, default in params.items() if default is ... and k not in out]
+    if missing:
+        raise ConfigError(f"{table}.{missing[0]} is required here and has no default")
     return out
 
 

