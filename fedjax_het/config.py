@@ -15,6 +15,10 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     kind = "dirichlet"
     beta = 0.5
 
+    [feature_skew]      # optional, centralised datasets: a per-client transform and its options
+    kind = "rotation"   # gaussian_noise, salt_pepper, rotation, label_flip, label_permutation
+    angle = 90.0
+
     [model]             # a model of fedjax_het.models.ZOO and its options
     name = "mlp"
 
@@ -53,7 +57,7 @@ from typing import Any
 
 from fedjax_het import models, registry
 from fedjax_het.algorithm import FederatedAlgorithm
-from fedjax_het.data import catalog, partitioners
+from fedjax_het.data import catalog, feature_skew, partitioners
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.sampler import Sampler
@@ -69,6 +73,7 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 10,
     "data": {"name": "fashion_mnist", "num_clients": 100},
     "partition": {"kind": "dirichlet", "beta": 0.5, "min_size": 10},
+    "feature_skew": {},
     "model": {"name": "mlp", "hidden": [200, 200]},
     "algorithm": {"name": "fedavg", "client_lr": 0.05},
     "sampler": {"name": "uniform", "clients_per_round": 10},
@@ -199,12 +204,13 @@ def build(config: Mapping[str, Any]) -> Experiment:
     algorithm, hyper = _algorithm(config["algorithm"])
     config["algorithm"] = {**config["algorithm"], **dict(algorithm.hyper_defaults), **hyper}
     partition = _check_partition(config)
+    skew = _check_skew(config, partition)
     if partition is not None:
         kind = partition["kind"]
         params = _resolved(partition, partitioners.PARTITIONERS[kind], _PARTITION_SKIP)
         config["partition"] = {"kind": kind, **{k: v for k, v in params.items() if k != "kind"}}
 
-    data = _build_data(dataset, data_args, partition, config["data"].get("num_clients"))
+    data = _build_data(dataset, data_args, partition, skew, config["data"].get("num_clients"))
     if cohort > data.num_clients:
         raise ConfigError(
             f"sampler.clients_per_round must be between 1 and the {data.num_clients} clients of "
@@ -275,12 +281,36 @@ def _check_partition(config: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"kind": kind, **checked}
 
 
-def _build_data(dataset, data_args, partition, num_clients) -> FederatedData:
+def _check_skew(config: dict[str, Any], partition: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The optional [feature_skew] table, checked against its transform's options."""
+    table = dict(config.get("feature_skew") or {})
+    if not table:
+        config.pop("feature_skew", None)
+        return None
+    if partition is None:
+        raise ConfigError(
+            f"[feature_skew] applies to centralised datasets; data.name="
+            f"{config['data']['name']!r} comes already split"
+        )
+    kind = table.pop("kind", None)
+    if kind not in feature_skew.FEATURE_TRANSFORMS:
+        raise ConfigError(_unknown("feature_skew.kind", kind, feature_skew.FEATURE_TRANSFORMS))
+    transform = feature_skew.FEATURE_TRANSFORMS[kind]
+    skip = ("x", "y", "parts", "seed")
+    checked = _arguments("feature_skew", transform, table, skip)
+    config["feature_skew"] = {"kind": kind, **_resolved(checked, transform, skip)}
+    return {"kind": kind, **checked}
+
+
+def _build_data(dataset, data_args, partition, skew, num_clients) -> FederatedData:
     built = _guarded("data", lambda: dataset(**data_args))
     if partition is None:
         return built
     seed = data_args.get("seed", 0)
-    return _guarded("partition", lambda: catalog.federate(built, num_clients, partition, seed=seed))
+    return _guarded(
+        "partition" if skew is None else "partition / feature_skew",
+        lambda: catalog.federate(built, num_clients, partition, seed=seed, skew=skew),
+    )
 
 
 def _algorithm(table: Mapping[str, Any]) -> tuple[FederatedAlgorithm, dict[str, float]]:

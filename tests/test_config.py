@@ -2,6 +2,8 @@
 
 import tomllib
 
+import numpy as np
+
 import pytest
 
 from fedjax_het import config, results
@@ -108,3 +110,26 @@ def test_a_required_dataset_option_is_named():
     with pytest.raises(config.ConfigError, match="data.path is required"):
         config.build(config.load(None, ["data.name=leaf"]))
 
+
+
+def test_feature_skew_table_transforms_each_client(tmp_path):
+    plain = config.build(config.load(None, ["data.num_clients=10", "partition.kind=iid"])).data
+    rotated = config.build(config.load(None, [
+        "data.num_clients=10", "partition.kind=iid",
+        "feature_skew.kind=rotation", "feature_skew.angle=90.0",
+    ])).data
+    # Same split; the last client is rotated by the full 90 degrees, the first not at all.
+    x0, _ = plain.train.client(9)
+    x1, _ = rotated.train.client(9)
+    np.testing.assert_allclose(x1, np.rot90(x0, k=1, axes=(1, 2)), atol=1e-5)
+    np.testing.assert_array_equal(plain.train.client(0)[0], rotated.train.client(0)[0])
+    np.testing.assert_allclose(
+        rotated.test.client(9)[0], np.rot90(plain.test.client(9)[0], k=1, axes=(1, 2)), atol=1e-5
+    )
+
+
+def test_feature_skew_errors():
+    with pytest.raises(config.ConfigError, match="unknown feature_skew.kind 'rot'"):
+        config.build(config.load(None, ["feature_skew.kind=rot"]))
+    with pytest.raises(config.ConfigError, match="applies to centralised datasets"):
+        build("feature_skew.kind=rotation")

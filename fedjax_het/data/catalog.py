@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_het.data import fashion_mnist, leaf, partitioners, shakespeare, synthetic
+from fedjax_het.data import fashion_mnist, feature_skew, leaf, partitioners, shakespeare, synthetic
 from fedjax_het.data import tfds as tfds_loader
 from fedjax_het.data.federated import ClientArrays, FederatedData
 
@@ -130,21 +130,39 @@ DATASETS: dict[str, Callable[..., Centralised | FederatedData]] = {
 NATURAL = frozenset({"synthetic", "shakespeare", "leaf"})
 
 
+TRAIN_ONLY_SKEW = frozenset({"label_flip"})  # label noise corrupts training labels, not tests
+
+
 def federate(
     pooled: Centralised,
     num_clients: int,
     partition: Mapping[str, Any],
     *,
     seed: int,
+    skew: Mapping[str, Any] | None = None,
 ) -> FederatedData:
-    """Splits a pooled dataset with the partitioner named by ``partition["kind"]``."""
+    """Splits a pooled dataset with the partitioner named by ``partition["kind"]``.
+
+    ``skew`` (a ``[feature_skew]`` table) then transforms each client's rows
+    with ``feature_skew.transform``: the same per-client transform on its train
+    and test rows (a client's test data follows its own distribution), except
+    label noise, which corrupts training labels only.
+    """
     params = dict(partition)
     kind = params.pop("kind")
     train_parts = partitioners.partition(kind, pooled.y_train, num_clients, seed=seed, **params)
     test_parts = partitioners.split_like(train_parts, pooled.y_train, pooled.y_test, seed=seed + 1)
+    train = (pooled.x_train, pooled.y_train)
+    test = (pooled.x_test, pooled.y_test)
+    if skew:
+        options = dict(skew)
+        skew_kind = options.pop("kind")
+        train = feature_skew.transform(skew_kind, *train, train_parts, seed=seed, **options)
+        if skew_kind not in TRAIN_ONLY_SKEW:
+            test = feature_skew.transform(skew_kind, *test, test_parts, seed=seed, **options)
     return FederatedData(
-        train=_gather(pooled.x_train, pooled.y_train, train_parts),
-        test=_gather(pooled.x_test, pooled.y_test, test_parts),
+        train=_gather(*train, train_parts),
+        test=_gather(*test, test_parts),
         num_classes=pooled.num_classes,
         name=pooled.name,
     )
