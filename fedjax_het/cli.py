@@ -3,6 +3,7 @@
     fedjax-het run [CONFIG.toml] [--set key=value ...] [--out DIR]
     fedjax-het config [CONFIG.toml] [--set key=value ...]
     fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR]
+    fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR]
 
 With no config file the default experiment runs (``fedjax_het.config.DEFAULTS``).
 A config error stops the command with one line naming the key, before
@@ -66,6 +67,22 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_config_args(describe)
     describe.add_argument("--out", default="runs/data", help="where to save (default: runs/data)")
+
+    hetero = commands.add_parser("hetero", help="inspect the system heterogeneity of a config")
+    hetero_commands = hetero.add_subparsers(dest="hetero_command", required=True, metavar="ACTION")
+    describe = hetero_commands.add_parser(
+        "describe", help="FLHetBench metrics, the run's schedule, timeline and availability plots",
+        description="Compute the six FLHetBench Monte-Carlo metrics of the config's [system] "
+        "profiles (DevMC-R/T, StatMC-R/T, InterMC-R/T; paper constants unless overridden) and "
+        "the run's schedule with its [policy], without training; print them and save "
+        "system_summary.json, timeline.png, availability.png and participation.png.",
+    )
+    _add_config_args(describe)
+    describe.add_argument("--out", default="runs/hetero", help="where to save (default: runs/hetero)")
+    describe.add_argument("--mc-rounds", type=int, default=3000,
+                          help="rounds of the R-metric runs (paper: 3000)")
+    describe.add_argument("--mc-trips", type=int, default=10_000,
+                          help="client trips of the T-metric runs (paper: 10,000)")
     return main
 
 
@@ -82,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "data":
         return _describe_data(experiment, Path(args.out))
+    if args.command == "hetero":
+        return _describe_system(experiment, args)
     return _run(experiment, args)
 
 
@@ -109,6 +128,36 @@ def _describe_data(experiment: config_lib.Experiment, out: Path) -> int:
     summary = diagnostics.save_report(experiment.data, out)
     print(diagnostics.format_report(summary))
     print(f"saved {out / 'data_summary.json'} and {out / 'label_heatmap.png'}")
+    return 0
+
+
+def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
+    from fedjax_het import rng, simulate
+    from fedjax_het.system import flhetbench, report
+
+    if experiment.system is None:
+        print("fedjax-het: config error: hetero describe needs a [system] or [policy] table",
+              file=sys.stderr)
+        return 2
+    if args.mc_rounds < 1 or args.mc_trips < 1:
+        print("fedjax-het: --mc-rounds and --mc-trips must be >= 1", file=sys.stderr)
+        return 2
+    config = experiment.config
+    key = rng.seed_key(config["seed"])
+    plans = simulate.plan_run(
+        experiment.system, experiment.data, simulate.local_spec(
+            experiment.model, experiment.algorithm, experiment.data, experiment.work
+        ), experiment.sampler,
+        rounds=config["rounds"], key=key,
+    )
+    mc = flhetbench.MonteCarlo(
+        cohort_size=min(20, experiment.data.num_clients), rounds=args.mc_rounds,
+        trips=args.mc_trips,
+    )
+    summary = report.describe(experiment.system.profiles, plans, args.out, key=key, mc=mc)
+    print(report.format_report(summary))
+    print(f"saved system_summary.json, timeline.png, availability.png, participation.png "
+          f"in {args.out}")
     return 0
 
 

@@ -36,6 +36,13 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
 
     [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size
 
+    [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
+    devices = "flash"   # uniform, lognormal, flash; availability = always, bernoulli, strict...
+
+    [policy]            # optional: how rounds run: wait_all, deadline, readiness
+    kind = "deadline"
+    deadline = 120.0
+
 Every key is checked against the signature of the function it feeds, before
 anything is built or compiled: an unknown key, a value of the wrong type or an
 impossible value raises :class:`ConfigError` naming the key and what is
@@ -61,6 +68,7 @@ from fedjax_het.data import catalog, feature_skew, partitioners
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.sampler import Sampler
+from fedjax_het.system import setup
 
 
 class ConfigError(ValueError):
@@ -79,6 +87,8 @@ DEFAULTS: dict[str, Any] = {
     "sampler": {"name": "uniform", "clients_per_round": 10},
     "local": {"batch_size": 20, "epochs": 1.0},
     "engine": {"chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024},
+    "system": {},
+    "policy": {},
 }
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
 ENGINE = {"chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int}
@@ -95,6 +105,7 @@ class Experiment:
     work: LocalWork
     hyper: dict[str, float]
     config: dict[str, Any]
+    system: setup.System | None = None
 
     def run_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`fedjax_het.simulate.run` this config asks for."""
@@ -109,6 +120,7 @@ class Experiment:
             "unroll": engine["unroll"],
             "weighting": engine["weighting"],
             "eval_batch_size": engine["eval_batch_size"],
+            "system": self.system,
         }
 
 
@@ -218,7 +230,24 @@ def build(config: Mapping[str, Any]) -> Experiment:
         )
     model = _guarded("model", lambda: model_factory(data.example_shape, data.num_classes, **model_args))
     sampler = _guarded("sampler", lambda: sampler_factory(data.num_clients, cohort))
-    return Experiment(data, model, algorithm, sampler, work, hyper, config)
+    system = _system(config, data.num_clients)
+    return Experiment(data, model, algorithm, sampler, work, hyper, config, system)
+
+
+def _system(config: dict[str, Any], num_clients: int) -> setup.System | None:
+    """The [system] and [policy] tables; neither given means no system heterogeneity."""
+    tables = {name: dict(config.get(name) or {}) for name in ("system", "policy")}
+    if not any(tables.values()):
+        for name in tables:
+            config.pop(name, None)
+        return None
+    profile_args = _arguments("system", setup.profiles_from_options, tables["system"],
+                              skip=("num_clients",))
+    policy_args = _arguments("policy", setup.policy_from_options, tables["policy"])
+    config["system"] = _resolved(profile_args, setup.profiles_from_options, ("num_clients",))
+    config["policy"] = _resolved(policy_args, setup.policy_from_options)
+    profiles = _guarded("system", lambda: setup.profiles_from_options(num_clients, **profile_args))
+    return setup.System(profiles, _guarded("policy", lambda: setup.policy_from_options(**policy_args)))
 
 
 def _check_run(config: dict[str, Any]) -> None:

@@ -112,10 +112,10 @@ def local_update(
         scale = jax.tree.map(lambda u: active.astype(u.dtype), updates)
         if task.train_mask is not None:
             scale = jax.tree.map(lambda a, m: a * m, scale, task.train_mask)
-        params = jax.tree.map(lambda p, u, a: p + a * u, params, updates, scale)
+        params = jax.tree.map(lambda p, u, a: p + jnp.where(a > 0, a * u, 0), params, updates, scale)
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
         processed = jnp.where(s < num_steps, jnp.sum(mask), 0)
-        return (params, opt_state, loss_sum + loss * processed), processed
+        return (params, opt_state, loss_sum + jnp.where(s < num_steps, loss * processed, 0.0)), processed
 
     steps = jnp.arange(spec.max_steps, dtype=jnp.int32)
     init = (broadcast, optimizer.init(broadcast), jnp.zeros((), jnp.float32))

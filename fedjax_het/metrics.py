@@ -1,11 +1,16 @@
-"""Evaluation of the global model and per-client accuracy summaries."""
+"""Evaluation of the global model, per-client accuracy summaries, and what a schedule cost."""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_het.data.diagnostics import gini
 from fedjax_het.local import DeviceSplit
 from fedjax_het.models import Model
 from fedjax_het.typing import Params
@@ -39,7 +44,7 @@ def evaluate(
     losses = jnp.where(valid, losses, 0.0).reshape(-1)[:n]
     correct = jnp.where(valid, correct, False).reshape(-1)[:n].astype(jnp.float32)
     num_clients = split.count.shape[0]
-    per_client = lambda v: jax.ops.segment_sum(v, row_client, num_segments=num_clients)  # noqa: E731
+    per_client = lambda v: jax.ops.segment_sum(v, row_client, num_segments=num_clients)
     return {
         "loss": jnp.sum(losses) / max(n, 1),
         "accuracy": jnp.sum(correct) / max(n, 1),
@@ -68,3 +73,93 @@ def client_accuracy_summary(client_correct: np.ndarray, client_count: np.ndarray
         "client_accuracy_min": float(acc.min()),
         "clients_evaluated": int(acc.size),
     }
+
+
+def time_to_accuracy(
+    evaluations: Sequence[Mapping[str, Any]], targets: Sequence[float]
+) -> dict[str, dict[str, float] | None]:
+    """For each target test accuracy, the first evaluation reaching it: its round, virtual
+    time (``virtual_s``, when the run had a system) and wall time; None if never reached.
+
+    Rounds-to-accuracy and time-to-accuracy side by side: under deadlines and
+    stragglers the two rank settings differently (FLHetBench §4.1).
+    """
+    out: dict[str, dict[str, float] | None] = {}
+    for target in targets:
+        hit = next((e for e in evaluations if e["test_accuracy"] >= target), None)
+        out[f"{target:g}"] = None if hit is None else {
+            key: hit[key] for key in ("round", "virtual_s", "wall_s") if key in hit
+        }
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleAccounting:
+    """What a run's schedule cost, per round and per client (numpy, host side).
+
+    Attributes:
+      per_round: ``[R]`` arrays: ``duration_s``, ``clock_s``, ``ok`` / ``unavailable`` /
+        ``late`` / ``dropped`` counts, ``bytes_down``, ``bytes_up``, ``examples_processed``
+        (by every client that computed, whether its update counted or not) and
+        ``examples_wasted`` (by clients whose update was not aggregated).
+      participation: ``[N]`` successful participations of each client.
+    """
+
+    per_round: dict[str, np.ndarray]
+    participation: np.ndarray
+
+    def upto(self, done: int) -> dict[str, Any]:
+        """Cumulative figures after ``done`` rounds, for one ``metrics.jsonl`` line."""
+        r = self.per_round
+        processed = float(r["examples_processed"][:done].sum())
+        line = {
+            "virtual_s": float(r["clock_s"][done - 1]) if done else 0.0,
+            "outcomes": {name: int(r[name][:done].sum()) for name in OUTCOME_NAMES},
+            "bytes_down": float(r["bytes_down"][:done].sum()),
+            "bytes_up": float(r["bytes_up"][:done].sum()),
+            "examples_processed": processed,
+            "wasted_share": float(r["examples_wasted"][:done].sum()) / processed if processed else 0.0,
+        }
+        return line
+
+    def totals(self) -> dict[str, Any]:
+        """Whole-run figures for ``summary.json`` (HDFL's cost and fairness, Zawad et al.)."""
+        final = self.upto(len(self.per_round["clock_s"]))
+        return {
+            "virtual_s": final["virtual_s"],
+            "outcomes": final["outcomes"],
+            "bytes_down": final["bytes_down"],
+            "bytes_up": final["bytes_up"],
+            "examples_processed": final["examples_processed"],
+            "wasted_share": final["wasted_share"],
+            "participation_gini": gini(self.participation),
+            "clients_never_participated": int(np.sum(self.participation == 0)),
+        }
+
+
+OUTCOME_NAMES = ("ok", "unavailable", "late", "dropped")
+
+
+def schedule_accounting(plans, spec, count: np.ndarray, num_clients: int) -> ScheduleAccounting:
+    """Accounts a ``system.schedule.Schedule`` of a run with local work ``spec.work``."""
+    s = jax.device_get(plans)
+    valid = np.asarray(s.valid)
+    outcome = np.where(valid, np.asarray(s.outcome), -1)
+    need = np.asarray(spec.work.examples_to_process(jnp.asarray(count, jnp.int32)))
+    selected = np.asarray(s.selected)
+    processed = np.where(
+        valid, np.minimum(np.asarray(s.steps_done) * spec.work.batch_size, need[selected]), 0
+    )
+    ok = outcome == 0
+    per_round = {
+        "duration_s": np.asarray(s.duration, np.float64),
+        "clock_s": np.asarray(s.clock, np.float64),
+        **{name: np.sum(outcome == code, axis=1) for code, name in enumerate(OUTCOME_NAMES)},
+        "bytes_down": np.asarray(s.bytes_down, np.float64).sum(axis=1),
+        "bytes_up": np.asarray(s.bytes_up, np.float64).sum(axis=1),
+        "examples_processed": processed.sum(axis=1).astype(np.float64),
+        "examples_wasted": np.where(ok, 0, processed).sum(axis=1).astype(np.float64),
+    }
+    participation = np.bincount(selected[ok], minlength=num_clients)
+    return ScheduleAccounting(per_round, participation)
+

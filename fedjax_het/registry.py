@@ -2,8 +2,8 @@
 
 The engine never imports ``fedjax_het.algorithms`` or ``fedjax_het.sampling``
 (DESIGN.md §1): they announce their factories as package entry points
-(groups ``fedjax_het.algorithms`` and ``fedjax_het.samplers`` in
-``pyproject.toml``), and third-party packages can add their own the same way.
+(groups ``fedjax_het.algorithms``, ``fedjax_het.samplers``,
+``fedjax_het.device_samplers`` and ``fedjax_het.state_samplers`` in ``pyproject.toml``), and third-party packages can add their own the same way.
 ``register`` adds one for the current process, e.g. from a notebook.
 """
 
@@ -13,7 +13,12 @@ import difflib
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-GROUPS = {"algorithm": "fedjax_het.algorithms", "sampler": "fedjax_het.samplers"}
+GROUPS = {
+    "algorithm": "fedjax_het.algorithms",
+    "sampler": "fedjax_het.samplers",
+    "device_sampler": "fedjax_het.device_samplers",  # (speeds, *, num_clients, level, seed) -> rows
+    "state_sampler": "fedjax_het.state_samplers",  # (trace scores, *, ...) -> trace rows
+}
 _registered: dict[str, dict[str, Callable]] = {kind: {} for kind in GROUPS}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,19 @@ from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays, FederatedData
 from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
-from fedjax_het.metrics import client_accuracy_summary, evaluate
+from fedjax_het.metrics import (
+    client_accuracy_summary,
+    evaluate,
+    schedule_accounting,
+    time_to_accuracy,
+)
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
+from fedjax_het.system import schedule as scheduling
+from fedjax_het.system.availability import ALWAYS
+from fedjax_het.system.policy import num_selected
+from fedjax_het.system.schedule import OK, Schedule
+from fedjax_het.system.setup import System
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, ServerState
 
 
@@ -55,25 +65,45 @@ class Round:
     weighting: str = "examples"
 
     def cohort(
-        self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey
+        self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey, plan: Schedule | None = None
     ) -> tuple[jax.Array, ClientTask]:
-        """The selected ids ``[m]`` and their tasks for round ``round_idx``."""
+        """The selected ids ``[m]`` and their tasks for round ``round_idx``.
+
+        Without a ``plan`` the sampler selects and everyone trains fully. With
+        one (a round of ``system.schedule``) the plan's slots are the cohort: a
+        slot trains its ``steps_done`` steps and counts only when its outcome
+        is OK (others get weight 0 and no steps).
+        """
         key = rng.round_key(key, round_idx)
-        ids = self.sampler.select(rng.stream(key, "select"), round_idx)
-        count = train.count[ids].astype(jnp.float32)
+        if plan is None:
+            ids = self.sampler.select(rng.stream(key, "select"), round_idx)
+            counts = jnp.ones(ids.shape, bool)
+            step_limit = jnp.full(ids.shape, NO_STEP_LIMIT, jnp.int32)
+        else:
+            ids = plan.selected
+            counts = plan.valid & (plan.outcome == OK)
+            step_limit = jnp.where(counts, plan.steps_done, 0)
+        size = train.count[ids].astype(jnp.float32)
+        weight = size if self.weighting == "examples" else jnp.ones_like(size)
         tasks = ClientTask(
             client_id=ids,
-            weight=count if self.weighting == "examples" else jnp.ones_like(count),
-            step_limit=jnp.full(ids.shape, NO_STEP_LIMIT, jnp.int32),
+            weight=jnp.where(counts, weight, 0.0),
+            step_limit=step_limit,
             key=jax.vmap(rng.client_key, in_axes=(None, 0))(rng.stream(key, "train"), ids),
         )
         return ids, tasks
 
     def step(
-        self, state: RunState, round_idx: jax.Array, hyper: Hyper, train: DeviceSplit, key: PRNGKey
+        self,
+        state: RunState,
+        round_idx: jax.Array,
+        hyper: Hyper,
+        train: DeviceSplit,
+        key: PRNGKey,
+        plan: Schedule | None = None,
     ) -> tuple[RunState, dict[str, jax.Array]]:
         """One round: ``(state, round) -> (state, per-round metrics)``."""
-        ids, tasks = self.cohort(round_idx, train, key)
+        ids, tasks = self.cohort(round_idx, train, key, plan)
         broadcast = self.algorithm.broadcast(state.server_state)
         client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
         cohort_states = jax.tree.map(lambda s: s[ids], state.client_states)
@@ -110,7 +140,9 @@ class History:
       client_accuracy: ``[num_clients]`` last per-client test accuracy (NaN: no test rows).
       params: the final global model.
       state: the final ``RunState``.
-      summary: final figures, compile and run time.
+      summary: final figures, compile and run time, rounds / virtual time / wall time to
+        each target accuracy, and (with a system) totals of time, bytes and work.
+      schedule: the run's schedule when it had a system, else None.
       out_dir: where results were written, or None.
     """
 
@@ -120,6 +152,7 @@ class History:
     params: Params
     state: RunState
     summary: dict[str, Any]
+    schedule: Schedule | None = None
     out_dir: Path | None = None
 
 
@@ -131,6 +164,56 @@ def device_split(split: ClientArrays) -> DeviceSplit:
         y=jnp.asarray(split.y, jnp.int32),
         offset=jnp.asarray(split.offset, jnp.int32),
         count=jnp.asarray(split.count, jnp.int32),
+    )
+
+
+def local_spec(
+    model: Model, algorithm: FederatedAlgorithm, data: FederatedData, work: LocalWork, *,
+    unroll: int = 1,
+) -> LocalSpec:
+    """The static shape of local training for ``data``: steps capped by its largest client."""
+    max_count = int(data.train.count.max())
+    return LocalSpec(model, algorithm, work, work.static_steps(max_count), max_count, unroll)
+
+
+def steps_needed(spec: LocalSpec, count: np.ndarray) -> np.ndarray:
+    """``[N]`` local steps each client's full task takes (its epochs or steps, capped)."""
+    examples = np.asarray(spec.work.examples_to_process(jnp.asarray(count, jnp.int32)))
+    return np.minimum(-(-examples // spec.work.batch_size), spec.max_steps).astype(np.int32)
+
+
+def plan_run(
+    system: System, data: FederatedData, spec: LocalSpec, sampler: Sampler, *, rounds: int,
+    key: PRNGKey,
+) -> Schedule:
+    """The schedule of a whole run, before any training (DESIGN.md §7).
+
+    Payload: every parameter, as stored, both ways (no compression or freezing).
+    Selection: the run's sampler, as without a system, when every client is
+    always available (or the policy ignores availability) and there is no
+    over-commitment, so a homogeneous system reproduces the plain run;
+    otherwise uniform among the clients the policy allows (the ready ones),
+    with ``ceil(m * (1 + over_commit))`` slots for a cohort of ``m``.
+    """
+    if system.profiles.num_clients != data.num_clients:
+        raise ValueError(
+            f"system profiles describe {system.profiles.num_clients} clients but the data has "
+            f"{data.num_clients}"
+        )
+    shapes = jax.eval_shape(spec.model.init, key)
+    payload = float(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes)))
+    m = sampler.cohort_size
+    slots = min(int(num_selected(m, system.policy.over_commit)), data.num_clients)
+    always = bool(np.all(np.asarray(system.profiles.trace) == ALWAYS))
+    if slots == m and (always or not system.policy.availability_aware):
+        select = sampler
+    else:
+        select = scheduling.select_among_ready(data.num_clients, slots)
+    make = jax.jit(scheduling.schedule, static_argnames=("select", "rounds", "cohort_size"))
+    return make(
+        system.profiles, system.policy, select, rounds=rounds, cohort_size=m,
+        steps_needed=jnp.asarray(steps_needed(spec, data.train.count)),
+        payload_down=payload, payload_up=payload, key=key,
     )
 
 
@@ -163,6 +246,8 @@ def run(
     out_dir: str | Path | None = None,
     config: Mapping[str, Any] | None = None,
     on_eval: Callable[[dict[str, Any]], None] | None = None,
+    system: System | None = None,
+    targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -183,6 +268,13 @@ def run(
         ``curves.png`` there.
       config: the resolved config to record in ``out_dir`` (the CLI passes its own).
       on_eval: called with each evaluation's metrics dict.
+      system: device and state heterogeneity (``fedjax_het.system.setup.System``).
+        The whole run's schedule is computed first (``system.schedule``, no
+        training); training then follows it: selected clients, partial work as
+        step masks, failed clients at weight 0. Adds the virtual clock, outcome
+        counts, bytes and wasted work to the metrics.
+      targets: test accuracies whose first round, virtual time and wall time
+        the summary reports (``to_accuracy``).
 
     Returns:
       A :class:`History`.
@@ -198,8 +290,7 @@ def run(
     if data.test is None:
         raise ValueError("run needs a test split to evaluate; build the data with one")
     hyper_arrays = algorithm.hyper(hyper)
-    max_count = int(data.train.count.max())
-    spec = LocalSpec(model, algorithm, work, work.static_steps(max_count), max_count, unroll)
+    spec = local_spec(model, algorithm, data, work, unroll=unroll)
     round_ = Round(
         model, algorithm, sampler, spec,
         chunk=chunk or auto_chunk(sampler.cohort_size), weighting=weighting,
@@ -208,9 +299,18 @@ def run(
     test_row_client = jnp.asarray(data.test.client_ids)
     key = rng.seed_key(seed)
 
+    plans, accounting = None, None
+    if system is not None:
+        plans = plan_run(system, data, spec, sampler, rounds=rounds, key=key)
+        accounting = schedule_accounting(plans, spec, data.train.count, data.num_clients)
+
     @jax.jit
-    def run_block(state, round_ids, hyper, train, key):
-        return jax.lax.scan(lambda s, r: round_.step(s, r, hyper, train, key), state, round_ids)
+    def run_block(state, round_ids, plans, hyper, train, key):
+        def one(state, inputs):
+            round_idx, plan = inputs
+            return round_.step(state, round_idx, hyper, train, key, plan)
+
+        return jax.lax.scan(one, state, (round_ids, plans))
 
     @jax.jit
     def eval_fn(state, test, row_client):
@@ -236,6 +336,7 @@ def run(
             "test_loss": float(ev["loss"]),
             "test_accuracy": float(ev["accuracy"]),
             **client_accuracy_summary(ev["client_correct"], ev["client_count"]),
+            **(accounting.upto(done) if accounting else {}),
         }
         evaluations.append(line)
         if writer:
@@ -252,7 +353,9 @@ def run(
         block = min(eval_every, rounds - done)
         round_ids = jnp.arange(done, done + block, dtype=jnp.int32)
         t0 = time.perf_counter()
-        state, block_metrics = run_block(state, round_ids, hyper_arrays, train, key)
+        rows = slice(done, done + block)
+        block_plans = None if plans is None else jax.tree.map(lambda a, rows=rows: a[rows], plans)
+        state, block_metrics = run_block(state, round_ids, block_plans, hyper_arrays, train, key)
         block_metrics = jax.device_get(block_metrics)
         if compile_s is None:
             compile_s = time.perf_counter() - t0
@@ -264,6 +367,8 @@ def run(
     bar.close()
 
     round_metrics = {k: np.concatenate([b[k] for b in per_round]) for k in per_round[0]}
+    if accounting:
+        round_metrics.update(accounting.per_round)
     with np.errstate(invalid="ignore", divide="ignore"):
         client_accuracy = ev["client_correct"] / ev["client_count"]
     final = evaluations[-1]
@@ -277,10 +382,12 @@ def run(
         "first_block_s_with_compile": round(compile_s, 3),
         "chunk": round_.chunk,
         "backend": jax.default_backend(),
+        "to_accuracy": time_to_accuracy(evaluations, targets),
+        **(accounting.totals() if accounting else {}),
     }
     history = History(
         evaluations, round_metrics, client_accuracy,
-        algorithm.global_params(state.server_state), state, summary,
+        algorithm.global_params(state.server_state), state, summary, schedule=plans,
     )
     if writer:
         writer.finish(history)

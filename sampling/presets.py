@@ -211,3 +211,24 @@ def interplay_grid(
         device_names=tuple(p.name for p in DEVICE_CASES),
         state_names=tuple(p.name for p in STATE_CASES),
     )
+
+
+def _preset(level: str, presets: dict, cases: tuple, what: str):
+    named = {**presets, **{case.name: case for case in cases}}
+    if level not in named:
+        raise ValueError(f"{what} level must be one of {', '.join(named)}; got {level!r}")
+    return named[level]
+
+
+def device_rows(speeds: np.ndarray, *, num_clients: int, level: str, seed: int) -> np.ndarray:
+    """Device rows for ``num_clients`` clients at a named level (``mild``/``middle``/``severe`` or
+    ``case1``..``case4``), by DPGMM: the ``device_sampler = "dpgmm"`` of a run config."""
+    preset = _preset(level, DEVICE_PRESETS, DEVICE_CASES, "device")
+    return sample_devices(preset, speeds, num_clients=num_clients, seed=seed).indices
+
+
+def state_rows(scores: np.ndarray, *, num_clients: int, level: str, seed: int) -> np.ndarray:
+    """Trace rows for ``num_clients`` clients at a named level, by DPCSM: the
+    ``state_sampler = "dpcsm"`` of a run config."""
+    preset = _preset(level, STATE_PRESETS, STATE_CASES, "state")
+    return sample_states(preset, scores, num_clients=num_clients, seed=seed).indices

@@ -133,3 +133,29 @@ def test_feature_skew_errors():
         config.build(config.load(None, ["feature_skew.kind=rot"]))
     with pytest.raises(config.ConfigError, match="applies to centralised datasets"):
         build("feature_skew.kind=rotation")
+
+
+def test_system_and_policy_tables():
+    experiment = build("policy.kind=deadline", "policy.deadline=30.0", "system.devices=lognormal")
+    assert experiment.system.policy.kind == "deadline"
+    assert float(experiment.system.policy.deadline) == 30.0
+    assert experiment.system.profiles.num_clients == 6
+    assert experiment.config["system"]["devices"] == "lognormal"
+    assert build().system is None and "system" not in build().config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["policy.kind=dead"], "policy.kind must be one of wait_all, deadline, readiness"),
+        (["policy.kind=deadline", "policy.deadline=-3.0"], "deadline must be > 0 seconds"),
+        (["policy.kind=readiness", "policy.readiness=1.5"], "policy.readiness is the share"),
+        (["system.dropout=2.0"], "system.dropout is a probability in [0, 1]"),
+        (["system.devices=phones"], "system.devices must be one of uniform, lognormal, flash"),
+        (["system.speed=3.0"], "unknown key 'system.speed'"),
+    ],
+)
+def test_system_errors(overrides, message):
+    with pytest.raises(config.ConfigError) as err:
+        build(*overrides)
+    assert message in str(err.value)

@@ -1,0 +1,111 @@
+"""What a run's system heterogeneity looks like, before any training: ``fedjax-het hetero describe``.
+
+``describe`` computes the six FLHetBench Monte-Carlo metrics of the
+profiles (``flhetbench``; lower R and higher T mean more heterogeneous) and
+the run's own schedule (``schedule``: outcomes, durations, participation),
+and draws the schedule's timeline (clients x virtual time, coloured by
+outcome), the availability heatmap and the participation histogram.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedjax_het.system import flhetbench, plots
+from fedjax_het.system.availability import ALWAYS
+from fedjax_het.system.profiles import ClientProfiles
+from fedjax_het.system.schedule import OUTCOMES, Schedule
+
+METRICS = {
+    "DevMC-R": flhetbench.dev_mc_r,
+    "StatMC-R": flhetbench.stat_mc_r,
+    "InterMC-R": flhetbench.inter_mc_r,
+    "DevMC-T": flhetbench.dev_mc_t,
+    "StatMC-T": flhetbench.stat_mc_t,
+    "InterMC-T": flhetbench.inter_mc_t,
+}
+
+
+def heterogeneity_metrics(
+    profiles: ClientProfiles, *, key: jax.Array, mc: flhetbench.MonteCarlo
+) -> dict[str, float]:
+    """The six FLHetBench metrics of ``profiles``; state metrics need availability traces."""
+    has_traces = bool(np.any(np.asarray(profiles.trace) != ALWAYS))
+    out = {}
+    for name, metric in METRICS.items():
+        if name.startswith("Stat") and not has_traces:
+            continue  # every client always available: no state heterogeneity to measure
+        out[name] = float(jax.jit(metric, static_argnames="mc")(profiles, key=key, mc=mc))
+    return out
+
+
+def schedule_summary(s: Schedule, num_clients: int) -> dict[str, Any]:
+    """Outcome counts, round durations and participation of a schedule."""
+    s = jax.device_get(s)
+    valid = np.asarray(s.valid)
+    outcome = np.asarray(s.outcome)[valid]
+    ok_ids = np.asarray(s.selected)[valid & (np.asarray(s.outcome) == 0)]
+    counts = np.bincount(ok_ids, minlength=num_clients)
+    duration = np.asarray(s.duration, np.float64)
+    return {
+        "rounds": int(duration.size),
+        "virtual_s": float(np.asarray(s.clock)[-1]),
+        "round_s": {"min": float(duration.min()), "median": float(np.median(duration)),
+                    "max": float(duration.max())},
+        "outcomes": {name: int(np.sum(outcome == code)) for code, name in enumerate(OUTCOMES)
+                     if name != "empty"},
+        "participation": {"min": int(counts.min()), "median": float(np.median(counts)),
+                          "max": int(counts.max()), "never": int(np.sum(counts == 0))},
+        "participation_counts": counts.tolist(),
+    }
+
+
+def describe(
+    profiles: ClientProfiles,
+    run_schedule: Schedule,
+    out_dir: str | Path,
+    *,
+    key: jax.Array,
+    mc: flhetbench.MonteCarlo,
+) -> dict[str, Any]:
+    """Computes the metrics and schedule summary, writes ``system_summary.json`` and the plots."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "flhetbench": heterogeneity_metrics(profiles, key=key, mc=mc),
+        "schedule": schedule_summary(run_schedule, profiles.num_clients),
+    }
+    counts = np.asarray(summary["schedule"]["participation_counts"])
+    summary["schedule"]["participation_gini"] = plots.plot_participation(
+        counts, out / "participation.png"
+    )
+    plots.plot_timeline(jax.device_get(run_schedule), out / "timeline.png")
+    plots.plot_availability(
+        profiles.availability, np.asarray(profiles.trace)[:200], out / "availability.png"
+    )
+    (out / "system_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    """The summary as a few readable lines."""
+    lines = ["FLHetBench metrics (R: lower = more heterogeneous; T: higher = more):"]
+    lines += [f"  {name:10s} {value:10.4f}" for name, value in summary["flhetbench"].items()]
+    s = summary["schedule"]
+    lines.append(
+        f"schedule: {s['rounds']} rounds, {s['virtual_s']:.0f} s virtual; round length "
+        f"min/median/max {s['round_s']['min']:.1f}/{s['round_s']['median']:.1f}/"
+        f"{s['round_s']['max']:.1f} s"
+    )
+    lines.append("outcomes: " + ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()))
+    p = s["participation"]
+    lines.append(
+        f"participation per client: min {p['min']}, median {p['median']:g}, max {p['max']}, "
+        f"never {p['never']}; Gini {s['participation_gini']:.3f}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""A run's system heterogeneity from two config tables: ``[system]`` (profiles) and ``[policy]``.
+
+``profiles_from_options`` assembles per-client ``ClientProfiles`` from named
+sources: compute from a homogeneous speed, log-normal speeds or the shipped
+AI-Benchmark devices (``devices``); network from one bandwidth or the FLASH
+profiles (``network``); availability always, Bernoulli slots or the FLASH
+traces (``availability``). ``device_sampler`` / ``state_sampler`` choose which
+device and trace each client gets with a heterogeneity sampler registered in
+``fedjax_het.registry`` (``dpgmm`` and ``dpcsm`` from ``fedjax_het.sampling``
+at a ``mild`` / ``middle`` / ``severe`` level); ``random`` draws them
+uniformly. ``policy_from_options`` builds the ``RoundPolicy``.
+
+Compute speed of a device: the median device of the AI-Benchmark table takes
+``step_time`` seconds per local step and a device of score ``s`` takes
+``step_time * median_score / s`` (speed proportional to the AI score, the
+rule of ``sources.step_time_from_score`` with the median device as reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_het import registry, rng
+from fedjax_het.system import policy as policies
+from fedjax_het.system import sources, sources_synthetic
+from fedjax_het.system.availability import Availability
+from fedjax_het.system.policy import RoundPolicy
+from fedjax_het.system.profiles import ClientProfiles, no_traces, validate
+
+DEVICES = ("uniform", "lognormal", "flash")
+NETWORKS = ("uniform", "flash")
+AVAILABILITY = ("always", "bernoulli", "strict", "loose")
+DAY_S = 86_400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """The system side of a run: who can do what, and how rounds are run."""
+
+    profiles: ClientProfiles
+    policy: RoundPolicy
+
+
+def profiles_from_options(
+    num_clients: int,
+    *,
+    seed: int = 0,
+    devices: str = "uniform",
+    step_time: float = 0.05,
+    step_time_sigma: float = 0.5,
+    device_sampler: str = "random",
+    device_level: str = "middle",
+    network: str = "uniform",
+    bandwidth: float = 1e7,
+    availability: str = "always",
+    availability_p: float = 0.5,
+    availability_slots: int = 24,
+    min_interval: float = 0.0,
+    state_sampler: str = "random",
+    state_level: str = "middle",
+    dropout: float = 0.0,
+) -> ClientProfiles:
+    """Per-client profiles from named sources (see the module docstring).
+
+    Args:
+      num_clients: N.
+      seed: seed of every random choice here (rows drawn, synthetic speeds, slots).
+      devices: "uniform" (everyone ``step_time``), "lognormal" (median ``step_time``,
+        log-std ``step_time_sigma``) or "flash" (AI-Benchmark devices).
+      device_sampler: "random" or a registered device sampler (e.g. "dpgmm") choosing the
+        AI-Benchmark rows at ``device_level``; only with ``devices = "flash"``.
+      network: "uniform" (``bandwidth`` bytes/s both ways, no spread) or "flash" (the 19
+        measured profiles, kbit/s read as 125 bytes/s per unit).
+      availability: "always", "bernoulli" (ready in each of ``availability_slots`` slots of a
+        day with probability ``availability_p``) or the FLASH traces ("strict", "loose"),
+        dropping intervals shorter than ``min_interval`` seconds.
+      state_sampler: "random" or a registered state sampler (e.g. "dpcsm") choosing the traces
+        at ``state_level``; only with FLASH traces.
+      dropout: probability that a started client drops out in a round.
+    """
+    _one_of("system.devices", devices, DEVICES)
+    _one_of("system.network", network, NETWORKS)
+    _one_of("system.availability", availability, AVAILABILITY)
+    if not 0 <= dropout <= 1:
+        raise ValueError(f"system.dropout is a probability in [0, 1], got {dropout}")
+    if not step_time >= 0 or not bandwidth > 0 or not step_time_sigma >= 0:
+        raise ValueError("system.step_time and step_time_sigma must be >= 0, bandwidth > 0")
+    if device_sampler != "random" and devices != "flash":
+        raise ValueError("system.device_sampler needs devices = \"flash\" (a device database)")
+    if state_sampler != "random" and availability not in ("strict", "loose"):
+        raise ValueError("system.state_sampler needs availability = \"strict\" or \"loose\" traces")
+    key = rng.stream(rng.seed_key(seed), "system")
+    step = _step_times(key, num_clients, devices, step_time, step_time_sigma, device_sampler,
+                       device_level, seed)
+    net = _network(key, num_clients, network, bandwidth)
+    trace, av = _availability(key, num_clients, availability, availability_p, availability_slots,
+                              min_interval, state_sampler, state_level, seed)
+    profiles = ClientProfiles(
+        step_time=jnp.asarray(step, jnp.float32), **net, trace=trace,
+        dropout=jnp.full((num_clients,), dropout, jnp.float32), availability=av,
+    )
+    validate(profiles)
+    return profiles
+
+
+def policy_from_options(
+    *,
+    kind: str = "wait_all",
+    deadline: float = 120.0,
+    on_late: str = "drop",
+    readiness: float = 0.2,
+    over_commit: float = 0.0,
+    overhead: float = 0.0,
+    availability_aware: bool = True,
+    on_unavailable: str = "pause",
+) -> RoundPolicy:
+    """The ``[policy]`` table: "wait_all", "deadline" (``deadline``, ``on_late``) or
+    "readiness" (round ends when ``1 - readiness`` of the clients finished)."""
+    _one_of("policy.kind", kind, policies.KINDS)
+    if kind == "readiness" and not 0 < readiness < 1:
+        raise ValueError(f"policy.readiness is the share of clients not waited for, in (0, 1); "
+                         f"got {readiness}")
+    common = {"over_commit": over_commit, "overhead": overhead,
+              "availability_aware": availability_aware, "on_unavailable": on_unavailable}
+    if kind == "deadline":
+        return policies.deadline(deadline, on_late=on_late, **common)
+    if kind == "readiness":
+        return policies.readiness(readiness, **common)
+    return policies.wait_all(**common)
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _rows(key, num_clients: int, pool: int, sampler: str, level: str, values, seed: int, kind):
+    if sampler == "random":
+        return sources.draw_rows(key, num_clients, pool)
+    factory = registry.lookup(kind, sampler)
+    return jnp.asarray(factory(np.asarray(values), num_clients=num_clients, level=level, seed=seed))
+
+
+def _step_times(key, n, devices, step_time, sigma, sampler, level, seed):
+    if devices == "uniform":
+        return jnp.full((n,), step_time)
+    if devices == "lognormal":
+        return sources_synthetic.lognormal_step_times(
+            rng.stream(key, "devices"), n, median=step_time, sigma=sigma
+        )
+    scores = sources.load_devices()["ai_score"]
+    rows = _rows(rng.stream(key, "devices"), n, scores.shape[0], sampler, level, scores, seed,
+                 "device_sampler")
+    return step_time * float(np.median(scores)) / jnp.asarray(scores)[rows]
+
+
+def _network(key, n, network, bandwidth) -> dict[str, jax.Array]:
+    if network == "uniform":
+        full = jnp.full((n,), bandwidth, jnp.float32)
+        return {"down_mean": full, "down_std": 0 * full, "up_mean": full, "up_std": 0 * full}
+    table = sources.load_network("kbit/s")
+    rows = sources.draw_rows(rng.stream(key, "network"), n, table["down_mean"].shape[0])
+    return {name: jnp.asarray(table[name], jnp.float32)[rows]
+            for name in ("down_mean", "down_std", "up_mean", "up_std")}
+
+
+def _availability(key, n, kind, p, slots, min_interval, sampler, level, seed):
+    if kind == "always":
+        return jnp.full((n,), -1, jnp.int32), no_traces()
+    if kind == "bernoulli":
+        av = sources_synthetic.bernoulli_availability(
+            rng.stream(key, "availability"), n, p=p, slots=slots, period=DAY_S
+        )
+        return jnp.arange(n, dtype=jnp.int32), av
+    av, _ = sources.load_traces(kind, min_interval=min_interval, drop_never_ready=True)
+    scores = _ready_fraction(av)
+    rows = _rows(rng.stream(key, "availability"), n, av.num_traces, sampler, level, scores, seed,
+                 "state_sampler")
+    return rows.astype(jnp.int32), av
+
+
+def _ready_fraction(av: Availability) -> np.ndarray:
+    """Each trace's ready share of its cycle, the default DPCSM score (FLHetBench notes §2.2)."""
+    return np.asarray(av.ready_per_period) / np.asarray(av.period)
