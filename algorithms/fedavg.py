@@ -107,7 +107,12 @@ def fedavgm(*, momentum: float = 0.9, server_lr: float = 1.0) -> FederatedAlgori
 
 
 def fedadam(*, server_lr: float = 0.01) -> FederatedAlgorithm:
-    """FedAdam (Reddi et al. 2021, Algorithm 2)."""
+    """FedAdam (Reddi et al. 2021, Algorithm 2).
+
+    .. warning:: The server step is optax's Adam, which applies bias correction
+       to both moments; Algorithm 2 of the paper has none. The two differ in the
+       first rounds only (the corrections tend to 1).
+    """
     return fedavg(server_optimizer=optimizers.adam("server", lr=server_lr), name="fedadam")
 
 
