@@ -52,13 +52,9 @@ import datetime
 import functools
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import models, rng
+from fedjax_het import models, results, rng
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.cohort import auto_chunk
 from fedjax_het.data.batching import LocalWork
@@ -352,37 +348,6 @@ def measure(
     return rows
 
 
-def environment() -> dict[str, Any]:
-    """Versions, device, flags and git revision, read by the program."""
-    repo = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=repo, capture_output=True, text=True, check=True
-            )
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-        return done.stdout.strip()
-
-    device = jax.devices()[0]
-    return {
-        "versions": {
-            name: metadata.version(name) for name in ("jax", "jaxlib", "flax", "optax", "numpy")
-        },
-        "python": platform.python_version(),
-        "backend": jax.default_backend(),
-        "device": f"{device.platform}:{device.device_kind}",
-        "device_count": jax.device_count(),
-        "cpu_count": os.cpu_count(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "jax_env": {k: v for k, v in os.environ.items() if k.startswith("JAX_")},
-        "git_revision": git("rev-parse", "HEAD"),
-        "git_dirty_tracked": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-    }
-
-
 def int_list(text: str, flag: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -433,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         / f"throughput-{backend}-{stamp:%Y%m%dT%H%M%SZ}.jsonl"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = environment()
+    env = results.environment()
     print(f"{env['device']}  jax {env['versions']['jax']}  -> {out}", flush=True)
 
     for name in workloads:

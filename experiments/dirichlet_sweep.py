@@ -44,22 +44,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
-import platform
-import subprocess
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from fedjax_het import config as config_lib
+from fedjax_het import results as run_results
 from fedjax_het import simulate
 from fedjax_het.data import diagnostics
 
@@ -286,36 +281,6 @@ def plot(lines: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def environment() -> dict[str, Any]:
-    """Versions, device, flags and git revision, read by the program (DESIGN.md §9)."""
-
-    def git(*args: str) -> str:
-        try:
-            out = subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
-            )
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-        return out.stdout.strip()
-
-    device = jax.devices()[0]
-    return {
-        "versions": {
-            name: metadata.version(name)
-            for name in ("fedjax_het", "jax", "jaxlib", "flax", "optax", "numpy")
-        },
-        "python": platform.python_version(),
-        "device": f"{device.platform}:{device.device_kind}",
-        "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "git_revision": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-
-
 def read_results(path: Path) -> list[dict[str, Any]]:
     return [json.loads(text) for text in path.read_text().splitlines() if text.strip()]
 
@@ -362,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds < 1 or args.rounds < 1:
         raise ValueError(f"--seeds and --rounds must be >= 1, got {args.seeds} and {args.rounds}")
     args.out.mkdir(parents=True, exist_ok=True)
-    env = environment()
+    env = run_results.environment()
     results_path.write_text("")
     lines = []
     for beta in betas:

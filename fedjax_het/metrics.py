@@ -13,6 +13,7 @@ import numpy as np
 from fedjax_het.data.diagnostics import gini
 from fedjax_het.local import DeviceSplit
 from fedjax_het.models import Model
+from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.typing import Params
 
 
@@ -160,6 +161,6 @@ def schedule_accounting(plans, spec, count: np.ndarray, num_clients: int) -> Sch
         "examples_processed": processed.sum(axis=1).astype(np.float64),
         "examples_wasted": np.where(ok, 0, processed).sum(axis=1).astype(np.float64),
     }
-    participation = np.bincount(selected[ok], minlength=num_clients)
+    participation = np.asarray(participation_counts(s, num_clients))
     return ScheduleAccounting(per_round, participation)
 

@@ -93,3 +93,50 @@ def plot_curves(metrics: list[Mapping[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def environment() -> dict[str, Any]:
+    """Versions, device, flags and git revision, read by the program (DESIGN.md §9).
+
+    Benchmarks and experiments record this beside their figures, so a number
+    never travels without the environment that produced it.
+    """
+    import datetime
+    import os
+    import platform
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    import jax
+
+    repo = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=repo, capture_output=True, text=True, check=True
+            )
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+        return done.stdout.strip()
+
+    device = jax.devices()[0]
+    return {
+        "versions": {
+            name: metadata.version(name)
+            for name in ("fedjax_het", "jax", "jaxlib", "flax", "optax", "numpy")
+        },
+        "python": platform.python_version(),
+        "backend": jax.default_backend(),
+        "device": f"{device.platform}:{device.device_kind}",
+        "device_count": jax.device_count(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "jax_env": {k: v for k, v in os.environ.items() if k.startswith("JAX_")},
+        "git_revision": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }

@@ -49,8 +49,7 @@ def schedule_summary(s: Schedule, num_clients: int) -> dict[str, Any]:
     s = jax.device_get(s)
     valid = np.asarray(s.valid)
     outcome = np.asarray(s.outcome)[valid]
-    ok_ids = np.asarray(s.selected)[valid & (np.asarray(s.outcome) == 0)]
-    counts = np.bincount(ok_ids, minlength=num_clients)
+    counts = np.asarray(flhetbench.participation_counts(s, num_clients))
     duration = np.asarray(s.duration, np.float64)
     return {
         "rounds": int(duration.size),
