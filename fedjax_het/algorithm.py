@@ -25,7 +25,16 @@ import optax
 from flax import struct
 
 from fedjax_het.models import Model
-from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, PyTree, ServerState, Update
+from fedjax_het.typing import (
+    Batch,
+    ClientState,
+    Hyper,
+    Params,
+    PRNGKey,
+    PyTree,
+    ServerState,
+    Update,
+)
 
 
 @struct.dataclass

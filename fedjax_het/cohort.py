@@ -96,5 +96,5 @@ def run_cohort(
     )
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
     sums, (new_states, stats) = jax.lax.scan(body, zeros, (chunked_states, chunked_tasks))
-    unchunk = lambda x: x.reshape(padded, *x.shape[2:])[:m]  # noqa: E731
+    unchunk = lambda x: x.reshape(padded, *x.shape[2:])[:m]
     return sums, jax.tree.map(unchunk, new_states), jax.tree.map(unchunk, stats)

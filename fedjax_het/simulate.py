@@ -30,6 +30,7 @@ from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays, FederatedData
 from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
 from fedjax_het.metrics import (
+    ScheduleAccounting,
     client_accuracy_summary,
     evaluate,
     schedule_accounting,
@@ -195,26 +196,78 @@ def plan_run(
     otherwise uniform among the clients the policy allows (the ready ones),
     with ``ceil(m * (1 + over_commit))`` slots for a cohort of ``m``.
     """
-    if system.profiles.num_clients != data.num_clients:
-        raise ValueError(
-            f"system profiles describe {system.profiles.num_clients} clients but the data has "
-            f"{data.num_clients}"
-        )
-    shapes = jax.eval_shape(spec.model.init, key)
+    plans = plan_runs([system], data, spec, sampler, rounds=rounds, keys=key[None])
+    return jax.tree.map(lambda a: a[0], plans)
+
+
+def plan_runs(
+    systems: Sequence[System], data: FederatedData, spec: LocalSpec, sampler: Sampler, *,
+    rounds: int, keys: PRNGKey,
+) -> Schedule:
+    """``plan_run`` of each ``(systems[i], keys[i])`` as one ``vmap``-ed program.
+
+    The systems may differ in every per-client number and policy number; they
+    must share the availability store (index different traces of it), the
+    policy's kind and switches, and the way clients are selected.
+    """
+    for system in systems:
+        if system.profiles.num_clients != data.num_clients:
+            raise ValueError(
+                f"system profiles describe {system.profiles.num_clients} clients but the data "
+                f"has {data.num_clients}"
+            )
+    shapes = jax.eval_shape(spec.model.init, keys[0])
     payload = float(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes)))
     m = sampler.cohort_size
-    slots = min(int(num_selected(m, system.policy.over_commit)), data.num_clients)
-    always = bool(np.all(np.asarray(system.profiles.trace) == ALWAYS))
-    if slots == m and (always or not system.policy.availability_aware):
-        select = sampler
-    else:
-        select = scheduling.select_among_ready(data.num_clients, slots)
-    make = jax.jit(scheduling.schedule, static_argnames=("select", "rounds", "cohort_size"))
-    return make(
-        system.profiles, system.policy, select, rounds=rounds, cohort_size=m,
+    selectors = {_slots(system, sampler, data.num_clients) for system in systems}
+    if len(selectors) > 1:
+        raise ValueError(
+            "the systems select clients in different ways (some need availability-aware "
+            "selection or over-commitment, some not); sweep them separately"
+        )
+    profiles, policy = _stack_systems(systems)
+    slots = selectors.pop()
+    select = sampler if slots is None else scheduling.select_among_ready(data.num_clients, slots)
+    make = functools.partial(
+        scheduling.schedule, select=select, rounds=rounds, cohort_size=m,
         steps_needed=jnp.asarray(steps_needed(spec, data.train.count)),
-        payload_down=payload, payload_up=payload, key=key,
+        payload_down=payload, payload_up=payload,
     )
+    axes = jax.tree.map(lambda _: 0, profiles.replace(availability=None))
+    batched = jax.vmap(
+        lambda profiles, policy, key: make(profiles, policy, key=key), in_axes=(axes, 0, 0)
+    )
+    return jax.jit(batched)(profiles, policy, keys)
+
+
+def _slots(system: System, sampler: Sampler, num_clients: int) -> int | None:
+    """None to select with ``sampler``, else the slots of uniform selection among the ready."""
+    m = sampler.cohort_size
+    slots = min(int(num_selected(m, system.policy.over_commit)), num_clients)
+    always = bool(np.all(np.asarray(system.profiles.trace) == ALWAYS))
+    return None if slots == m and (always or not system.policy.availability_aware) else slots
+
+
+def _stack_systems(systems: Sequence[System]):
+    """The systems' profiles (one shared availability store) and policies, stacked."""
+    stores = [jax.tree.leaves(s.profiles.availability) for s in systems]
+    if any(
+        len(a) != len(stores[0]) or not all(np.array_equal(x, y) for x, y in zip(a, stores[0]))
+        for a in stores[1:]
+    ):
+        raise ValueError("the systems must share one availability store (index its traces)")
+    try:
+        stack = lambda *xs: jnp.stack(xs)
+        profiles = jax.tree.map(
+            stack, *[s.profiles.replace(availability=None) for s in systems]
+        ).replace(availability=systems[0].profiles.availability)
+        policy = jax.tree.map(stack, *[s.policy for s in systems])
+    except ValueError as error:
+        raise ValueError(
+            f"the systems must share the policy kind and switches and the number of clients: "
+            f"{error}"
+        ) from None
+    return profiles, policy
 
 
 def init_state(
@@ -225,6 +278,198 @@ def init_state(
     one = algorithm.client_init(params)
     client_states = jax.tree.map(lambda s: jnp.broadcast_to(s, (num_clients, *s.shape)), one)
     return RunState(algorithm.server_init(params, hyper), client_states)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A validated simulation: the round, its traced inputs, and the evaluation data."""
+
+    data: FederatedData
+    round: Round
+    hyper: Hyper
+    train: DeviceSplit
+    test: DeviceSplit
+    test_row_client: jax.Array
+    eval_batch_size: int
+
+    @classmethod
+    def build(
+        cls, data: FederatedData, model: Model, algorithm: FederatedAlgorithm, sampler: Sampler, *,
+        rounds: int, work: LocalWork, hyper: Mapping[str, float] | None, eval_every: int,
+        chunk: int | None, unroll: int, weighting: str, eval_batch_size: int,
+    ) -> Setup:
+        """Checks the arguments ``run`` and ``sweep`` share and builds the round."""
+        if sampler.num_clients != data.num_clients:
+            raise ValueError(
+                f"sampler draws from {sampler.num_clients} clients but the data has "
+                f"{data.num_clients}"
+            )
+        if rounds < 1 or eval_every < 1:
+            raise ValueError(f"rounds and eval_every must be >= 1, got {rounds} and {eval_every}")
+        if weighting not in ("examples", "uniform"):
+            raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
+        if data.test is None:
+            raise ValueError("run needs a test split to evaluate; build the data with one")
+        spec = local_spec(model, algorithm, data, work, unroll=unroll)
+        round_ = Round(
+            model, algorithm, sampler, spec,
+            chunk=chunk or auto_chunk(sampler.cohort_size), weighting=weighting,
+        )
+        return cls(
+            data, round_, algorithm.hyper(hyper), device_split(data.train),
+            device_split(data.test), jnp.asarray(data.test.client_ids), eval_batch_size,
+        )
+
+    def init(self, key: PRNGKey, *, cells: bool = False) -> RunState:
+        """The initial state (one per key of ``key [cells]`` with ``cells``)."""
+        r = self.round
+        init = functools.partial(init_state, r.model, r.algorithm, self.data.num_clients)
+        init = jax.vmap(init, in_axes=(None, 0)) if cells else init
+        return jax.jit(init)(self.hyper, key)
+
+    def run_block(
+        self, state: RunState, round_ids: jax.Array, plans: Schedule | None, hyper: Hyper,
+        train: DeviceSplit, key: PRNGKey,
+    ) -> tuple[RunState, dict[str, jax.Array]]:
+        """The rounds ``round_ids`` as one ``lax.scan`` (one row of ``plans`` each).
+
+        The arrays are arguments, not the fields of ``self``, so that ``jit``
+        traces them instead of baking the dataset into the program.
+        """
+
+        def one(state, inputs):
+            round_idx, plan = inputs
+            return self.round.step(state, round_idx, hyper, train, key, plan)
+
+        return jax.lax.scan(one, state, (round_ids, plans))
+
+    def evaluate(self, state: RunState, test: DeviceSplit, row_client: jax.Array):
+        params = self.round.algorithm.global_params(state.server_state)
+        return evaluate(
+            self.round.model, params, test, row_client, batch_size=self.eval_batch_size
+        )
+
+    def programs(self, key: PRNGKey, *, cells: bool = False) -> tuple[Callable, Callable]:
+        """Jitted ``block(state, round_ids, plans)`` and ``evaluate(state)``.
+
+        With ``cells`` every argument but the round ids carries a leading axis
+        of independent runs (``key`` too) and both are ``vmap``-ed over it.
+        """
+        block, evaluate_ = self.run_block, self.evaluate
+        if cells:
+            block = jax.vmap(block, in_axes=(0, None, 0, None, None, 0))
+            evaluate_ = jax.vmap(evaluate_, in_axes=(0, None, None))
+        block, evaluate_ = jax.jit(block), jax.jit(evaluate_)
+        return (
+            lambda state, ids, plans: block(state, ids, plans, self.hyper, self.train, key),
+            lambda state: evaluate_(state, self.test, self.test_row_client),
+        )
+
+
+class Recorder:
+    """One run's evaluation lines, results directory and final ``History``."""
+
+    def __init__(
+        self, start: float, accounting: ScheduleAccounting | None, *,
+        out_dir: str | Path | None = None, config: Mapping[str, Any] | None = None,
+        data: FederatedData | None = None,
+        on_eval: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        self.start, self.accounting, self.on_eval = start, accounting, on_eval
+        self.evaluations: list[dict[str, Any]] = []
+        self.per_round: list[dict[str, np.ndarray]] = []
+        self.writer = results.RunWriter(out_dir, config) if out_dir is not None else None
+        if self.writer and data is not None:
+            diagnostics.save_report(data, self.writer.out_dir)
+
+    def record(self, done: int, block_metrics: dict[str, np.ndarray] | None, ev) -> None:
+        """Logs the evaluation ``ev`` after ``done`` rounds (``block_metrics``: the last block)."""
+        if block_metrics is not None:
+            self.per_round.append(block_metrics)
+        line = {
+            "round": done,
+            "wall_s": round(time.perf_counter() - self.start, 4),
+            "train_loss": float(np.mean(block_metrics["train_loss"])) if block_metrics else None,
+            "participants": int(block_metrics["participants"][-1]) if block_metrics else 0,
+            "test_loss": float(ev["loss"]),
+            "test_accuracy": float(ev["accuracy"]),
+            **client_accuracy_summary(ev["client_correct"], ev["client_count"]),
+            **(self.accounting.upto(done) if self.accounting else {}),
+        }
+        self.evaluations.append(line)
+        if self.writer:
+            self.writer.append(line)
+        if self.on_eval:
+            self.on_eval(line)
+
+    def history(
+        self, state: RunState, ev, setup: Setup, *, plans: Schedule | None,
+        targets: Sequence[float], timing: Mapping[str, float],
+    ) -> History:
+        """The run's ``History`` from the final ``state`` and evaluation ``ev``."""
+        round_metrics = {k: np.concatenate([b[k] for b in self.per_round]) for k in self.per_round[0]}
+        if self.accounting:
+            round_metrics.update(self.accounting.per_round)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            client_accuracy = ev["client_correct"] / ev["client_count"]
+        evaluations, final = self.evaluations, self.evaluations[-1]
+        summary = {
+            "rounds": final["round"],
+            "final_test_accuracy": final["test_accuracy"],
+            "final_test_loss": final["test_loss"],
+            "best_test_accuracy": max(e["test_accuracy"] for e in evaluations),
+            **{k: final[k] for k in final if k.startswith("client_accuracy")},
+            **timing,
+            "chunk": setup.round.chunk,
+            "backend": jax.default_backend(),
+            "to_accuracy": time_to_accuracy(evaluations, targets),
+            **(self.accounting.totals() if self.accounting else {}),
+        }
+        algorithm = setup.round.algorithm
+        history = History(
+            evaluations, round_metrics, client_accuracy,
+            algorithm.global_params(state.server_state), state, summary, schedule=plans,
+        )
+        if self.writer:
+            self.writer.finish(history)
+            history.out_dir = self.writer.out_dir
+        return history
+
+
+def train_loop(
+    state: RunState, *, rounds: int, eval_every: int, block: Callable, evaluate: Callable,
+    plans: Schedule | None, on_eval: Callable[[int, Any, Any], None], progress: bool,
+    round_axis: int = 0,
+) -> tuple[RunState, Any, float]:
+    """Runs ``block`` over blocks of ``eval_every`` rounds, evaluating after each.
+
+    ``block(state, round_ids, block_plans)`` and ``evaluate(state)`` are jitted
+    (and may carry a leading axis of several runs, ``round_axis = 1`` on the
+    plans then); ``on_eval(done, block_metrics, ev)`` gets host arrays.
+    Returns the final state, evaluation and the first block's time (compile included).
+    """
+    ev = jax.device_get(evaluate(state))
+    on_eval(0, None, ev)
+    compile_s = None
+    bar = tqdm(total=rounds, desc="rounds", unit="round", disable=not progress, leave=True)
+    done = 0
+    while done < rounds:
+        size = min(eval_every, rounds - done)
+        round_ids = jnp.arange(done, done + size, dtype=jnp.int32)
+        rows = (slice(None),) * round_axis + (slice(done, done + size),)
+        block_plans = None if plans is None else jax.tree.map(lambda a, rows=rows: a[rows], plans)
+        t0 = time.perf_counter()
+        state, block_metrics = block(state, round_ids, block_plans)
+        block_metrics = jax.device_get(block_metrics)
+        compile_s = time.perf_counter() - t0 if compile_s is None else compile_s
+        done += size
+        ev = jax.device_get(evaluate(state))
+        on_eval(done, block_metrics, ev)
+        bar.update(size)
+        accuracy = np.atleast_1d(ev["accuracy"])
+        bar.set_postfix(acc=f"{float(np.mean(accuracy)):.3f}")
+    bar.close()
+    return state, ev, compile_s
 
 
 def run(
@@ -279,117 +524,26 @@ def run(
     Returns:
       A :class:`History`.
     """
-    if sampler.num_clients != data.num_clients:
-        raise ValueError(
-            f"sampler draws from {sampler.num_clients} clients but the data has {data.num_clients}"
-        )
-    if rounds < 1 or eval_every < 1:
-        raise ValueError(f"rounds and eval_every must be >= 1, got {rounds} and {eval_every}")
-    if weighting not in ("examples", "uniform"):
-        raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
-    if data.test is None:
-        raise ValueError("run needs a test split to evaluate; build the data with one")
-    hyper_arrays = algorithm.hyper(hyper)
-    spec = local_spec(model, algorithm, data, work, unroll=unroll)
-    round_ = Round(
-        model, algorithm, sampler, spec,
-        chunk=chunk or auto_chunk(sampler.cohort_size), weighting=weighting,
+    setup = Setup.build(
+        data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
+        eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
+        eval_batch_size=eval_batch_size,
     )
-    train, test = device_split(data.train), device_split(data.test)
-    test_row_client = jnp.asarray(data.test.client_ids)
     key = rng.seed_key(seed)
-
     plans, accounting = None, None
     if system is not None:
-        plans = plan_run(system, data, spec, sampler, rounds=rounds, key=key)
-        accounting = schedule_accounting(plans, spec, data.train.count, data.num_clients)
-
-    @jax.jit
-    def run_block(state, round_ids, plans, hyper, train, key):
-        def one(state, inputs):
-            round_idx, plan = inputs
-            return round_.step(state, round_idx, hyper, train, key, plan)
-
-        return jax.lax.scan(one, state, (round_ids, plans))
-
-    @jax.jit
-    def eval_fn(state, test, row_client):
-        params = algorithm.global_params(state.server_state)
-        return evaluate(model, params, test, row_client, batch_size=eval_batch_size)
-
-    writer = results.RunWriter(out_dir, config) if out_dir is not None else None
-    if writer:
-        diagnostics.save_report(data, writer.out_dir)
-    start = time.perf_counter()
-    state = jax.jit(init_state, static_argnums=(0, 1, 2))(
-        model, algorithm, data.num_clients, hyper_arrays, key
+        plans = plan_run(system, data, setup.round.spec, sampler, rounds=rounds, key=key)
+        accounting = schedule_accounting(plans, setup.round.spec, data.train.count, data.num_clients)
+    recorder = Recorder(
+        time.perf_counter(), accounting, out_dir=out_dir, config=config, data=data, on_eval=on_eval
     )
-    evaluations, per_round = [], []
-
-    def record(done: int, block_metrics: dict[str, np.ndarray] | None) -> dict[str, Any]:
-        ev = jax.device_get(eval_fn(state, test, test_row_client))
-        line = {
-            "round": done,
-            "wall_s": round(time.perf_counter() - start, 4),
-            "train_loss": float(np.mean(block_metrics["train_loss"])) if block_metrics else None,
-            "participants": int(block_metrics["participants"][-1]) if block_metrics else 0,
-            "test_loss": float(ev["loss"]),
-            "test_accuracy": float(ev["accuracy"]),
-            **client_accuracy_summary(ev["client_correct"], ev["client_count"]),
-            **(accounting.upto(done) if accounting else {}),
-        }
-        evaluations.append(line)
-        if writer:
-            writer.append(line)
-        if on_eval:
-            on_eval(line)
-        return ev
-
-    ev = record(0, None)
-    compile_s = None
-    bar = tqdm(total=rounds, desc="rounds", unit="round", disable=not progress, leave=True)
-    done = 0
-    while done < rounds:
-        block = min(eval_every, rounds - done)
-        round_ids = jnp.arange(done, done + block, dtype=jnp.int32)
-        t0 = time.perf_counter()
-        rows = slice(done, done + block)
-        block_plans = None if plans is None else jax.tree.map(lambda a, rows=rows: a[rows], plans)
-        state, block_metrics = run_block(state, round_ids, block_plans, hyper_arrays, train, key)
-        block_metrics = jax.device_get(block_metrics)
-        if compile_s is None:
-            compile_s = time.perf_counter() - t0
-        per_round.append(block_metrics)
-        done += block
-        ev = record(done, block_metrics)
-        bar.update(block)
-        bar.set_postfix(acc=f"{evaluations[-1]['test_accuracy']:.3f}")
-    bar.close()
-
-    round_metrics = {k: np.concatenate([b[k] for b in per_round]) for k in per_round[0]}
-    if accounting:
-        round_metrics.update(accounting.per_round)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        client_accuracy = ev["client_correct"] / ev["client_count"]
-    final = evaluations[-1]
-    summary = {
-        "rounds": rounds,
-        "final_test_accuracy": final["test_accuracy"],
-        "final_test_loss": final["test_loss"],
-        "best_test_accuracy": max(e["test_accuracy"] for e in evaluations),
-        **{k: final[k] for k in final if k.startswith("client_accuracy")},
-        "wall_s": round(time.perf_counter() - start, 3),
+    block, evaluate_ = setup.programs(key)
+    state, ev, compile_s = train_loop(
+        setup.init(key), rounds=rounds, eval_every=eval_every, block=block, evaluate=evaluate_,
+        plans=plans, on_eval=recorder.record, progress=progress,
+    )
+    timing = {
+        "wall_s": round(time.perf_counter() - recorder.start, 3),
         "first_block_s_with_compile": round(compile_s, 3),
-        "chunk": round_.chunk,
-        "backend": jax.default_backend(),
-        "to_accuracy": time_to_accuracy(evaluations, targets),
-        **(accounting.totals() if accounting else {}),
     }
-    history = History(
-        evaluations, round_metrics, client_accuracy,
-        algorithm.global_params(state.server_state), state, summary, schedule=plans,
-    )
-    if writer:
-        writer.finish(history)
-        history.out_dir = writer.out_dir
-    return history
+    return recorder.history(state, ev, setup, plans=plans, targets=targets, timing=timing)

@@ -103,7 +103,7 @@ class Availability:
             totals.append(lengths.sum())
         count = np.asarray(counts, np.int32)
         offset = (np.cumsum(count) - count).astype(np.int32)
-        flat = lambda parts: jnp.asarray(np.concatenate(parts or [[]]).astype(dtype))  # noqa: E731
+        flat = lambda parts: jnp.asarray(np.concatenate(parts or [[]]).astype(dtype))
         return cls(
             start=flat(starts),
             end=flat(ends),

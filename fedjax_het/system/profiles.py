@@ -71,7 +71,7 @@ def uniform_profiles(
         raise ValueError(f"need step_time >= 0 and bandwidth > 0, got {step_time}, {bandwidth}")
     if not 0 <= dropout <= 1:
         raise ValueError(f"dropout is a probability in [0, 1], got {dropout}")
-    full = lambda v: jnp.full((num_clients,), v, jnp.float32)  # noqa: E731
+    full = lambda v: jnp.full((num_clients,), v, jnp.float32)
     return ClientProfiles(
         step_time=full(step_time),
         down_mean=full(bandwidth),
