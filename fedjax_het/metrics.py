@@ -99,7 +99,8 @@ class ScheduleAccounting:
     """What a run's schedule cost, per round and per client (numpy, host side).
 
     Attributes:
-      per_round: ``[R]`` arrays: ``duration_s``, ``clock_s``, ``ok`` / ``unavailable`` /
+      per_round: ``[R]`` arrays: ``duration_s``, ``clock_s`` (virtual seconds since the run
+        started, whatever the policy's trace ``start``), ``ok`` / ``unavailable`` /
         ``late`` / ``dropped`` counts, ``bytes_down``, ``bytes_up``, ``examples_processed``
         (by every client that computed, whether its update counted or not) and
         ``examples_wasted`` (by clients whose update was not aggregated).
@@ -154,7 +155,7 @@ def schedule_accounting(plans, spec, count: np.ndarray, num_clients: int) -> Sch
     ok = outcome == 0
     per_round = {
         "duration_s": np.asarray(s.duration, np.float64),
-        "clock_s": np.asarray(s.clock, np.float64),
+        "clock_s": np.asarray(s.clock, np.float64) - float(np.asarray(s.start)[0]),
         **{name: np.sum(outcome == code, axis=1) for code, name in enumerate(OUTCOME_NAMES)},
         "bytes_down": np.asarray(s.bytes_down, np.float64).sum(axis=1),
         "bytes_up": np.asarray(s.bytes_up, np.float64).sum(axis=1),

@@ -434,3 +434,20 @@ def test_schedule_rejects_bad_shapes_and_too_few_slots():
             payload_up=1.0,
             key=jax.random.key(0),
         )
+
+
+def test_the_clock_starts_at_the_policy_start_and_traces_replay_cyclically():
+    profiles, key = make_profiles(), jax.random.key(5)
+    base = policies.deadline(16.0, on_late="partial", overhead=2.0)
+    at = lambda start: jax.tree.map(  # noqa: E731
+        np.asarray, run(profiles, base.replace(start=jnp.float32(start)), key, AMONG_READY)
+    )
+    s0, one_cycle, shifted = at(0.0), at(1000.0), at(250.0)
+    assert shifted.start[0] == 250.0 and one_cycle.start[0] == 1000.0
+    # 1000 s is a whole number of every trace's period: the same rounds, 1000 s later.
+    np.testing.assert_array_equal(one_cycle.outcome, s0.outcome)
+    np.testing.assert_allclose(one_cycle.clock - 1000.0, s0.clock, atol=TOL)
+    # 250 s in, other clients are ready at the first round: the schedule differs.
+    assert not np.array_equal(shifted.outcome, s0.outcome)
+    with pytest.raises(ValueError, match="start must be >= 0"):
+        policies.wait_all(start=-1.0)

@@ -224,9 +224,9 @@ def _readiness_seconds(
         )
         return round_idx + 1, clock, done + jnp.sum(row.valid)
 
-    start = (jnp.int32(0), jnp.zeros((), profiles.step_time.dtype), jnp.int32(0))
-    _, clock, done = jax.lax.while_loop(unfinished, one_round, start)
-    return jnp.where(done >= trips, clock, jnp.inf)
+    clock0 = jnp.asarray(policy.start, profiles.step_time.dtype)
+    _, clock, done = jax.lax.while_loop(unfinished, one_round, (jnp.int32(0), clock0, jnp.int32(0)))
+    return jnp.where(done >= trips, clock - clock0, jnp.inf)
 
 
 def readiness_time(

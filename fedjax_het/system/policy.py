@@ -57,6 +57,9 @@ class RoundPolicy:
         times (0 unless ``kind == "readiness"``).
       over_commit: select ``ceil(m * (1 + over_commit))`` clients, keep the first ``m`` finishers.
       overhead: server seconds per round (selection, aggregation), before the clients start.
+      start: virtual time at which round 0 starts, in seconds into the availability
+        traces (their time 0 is the first midnight of the FLASH logs, when few
+        devices are ready; 86,400 starts at the second midnight).
       kind: "wait_all", "deadline" or "readiness" (static).
       on_late: "drop" (late work is discarded) or "partial" (a deadline client
         plans only the steps that fit; static).
@@ -76,6 +79,7 @@ class RoundPolicy:
     drop_share: jax.Array
     over_commit: jax.Array
     overhead: jax.Array
+    start: jax.Array
     kind: str = struct.field(pytree_node=False, default="wait_all")
     on_late: str = struct.field(pytree_node=False, default="drop")
     deadline_end: str = struct.field(pytree_node=False, default="last_ok")
@@ -119,6 +123,7 @@ def _policy(
     drop_share=0.0,
     over_commit,
     overhead,
+    start,
     on_late: str = "drop",
     deadline_end: str = "last_ok",
     availability_aware: bool,
@@ -129,6 +134,7 @@ def _policy(
         drop_share=jnp.asarray(drop_share, dtype=float),
         over_commit=_check("over_commit", over_commit, lambda v: v >= 0, ">= 0"),
         overhead=_check("overhead", overhead, lambda v: v >= 0, ">= 0 seconds"),
+        start=_check("start", start, lambda v: v >= 0, ">= 0 seconds"),
         kind=kind,
         on_late=_choice("on_late", on_late, ON_LATE),
         deadline_end=_choice("deadline_end", deadline_end, DEADLINE_ENDS),
@@ -141,6 +147,7 @@ def wait_all(
     *,
     overhead: float | jax.Array = 0.0,
     over_commit: float | jax.Array = 0.0,
+    start: float | jax.Array = 0.0,
     availability_aware: bool = True,
     on_unavailable: str = "pause",
 ) -> RoundPolicy:
@@ -153,6 +160,7 @@ def wait_all(
         "wait_all",
         over_commit=over_commit,
         overhead=overhead,
+        start=start,
         availability_aware=availability_aware,
         on_unavailable=on_unavailable,
     )
@@ -165,6 +173,7 @@ def deadline(
     deadline_end: str = "last_ok",
     overhead: float | jax.Array = 0.0,
     over_commit: float | jax.Array = 0.0,
+    start: float | jax.Array = 0.0,
     availability_aware: bool = True,
     on_unavailable: str = "pause",
 ) -> RoundPolicy:
@@ -184,6 +193,7 @@ def deadline(
         deadline_s=_check("deadline", deadline, lambda v: v > 0, "> 0 seconds"),
         over_commit=over_commit,
         overhead=overhead,
+        start=start,
         on_late=on_late,
         deadline_end=deadline_end,
         availability_aware=availability_aware,
@@ -196,6 +206,7 @@ def readiness(
     *,
     overhead: float | jax.Array = 0.0,
     over_commit: float | jax.Array = 0.0,
+    start: float | jax.Array = 0.0,
     availability_aware: bool = True,
     on_unavailable: str = "pause",
 ) -> RoundPolicy:
@@ -214,6 +225,7 @@ def readiness(
         drop_share=_check("drop_share", drop_share, lambda v: (v > 0) & (v < 1), "in (0, 1)"),
         over_commit=over_commit,
         overhead=overhead,
+        start=start,
         availability_aware=availability_aware,
         on_unavailable=on_unavailable,
     )

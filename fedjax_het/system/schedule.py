@@ -434,7 +434,7 @@ def schedule(
     payload_up: jax.Array,
     key: PRNGKey,
 ) -> Schedule:
-    """The schedule of ``rounds`` rounds from clock 0: a ``lax.scan`` of ``plan_round``.
+    """The schedule of ``rounds`` rounds from clock ``policy.start``: a ``lax.scan`` of ``plan_round``.
 
     Jit-able (``rounds``, ``cohort_size``, ``select`` and the policy's static
     fields static) and ``vmap``-able over keys, profile numbers and policy numbers.
@@ -472,6 +472,6 @@ def schedule(
         )
         return clock, row
 
-    clock0 = jnp.zeros((), profiles.step_time.dtype)
+    clock0 = jnp.asarray(policy.start, profiles.step_time.dtype)
     _, rows = jax.lax.scan(one_round, clock0, jnp.arange(rounds, dtype=jnp.int32))
     return rows

@@ -115,16 +115,18 @@ def policy_from_options(
     readiness: float = 0.2,
     over_commit: float = 0.0,
     overhead: float = 0.0,
+    start: float = 0.0,
     availability_aware: bool = True,
     on_unavailable: str = "pause",
 ) -> RoundPolicy:
     """The ``[policy]`` table: "wait_all", "deadline" (``deadline``, ``on_late``) or
-    "readiness" (round ends when ``1 - readiness`` of the clients finished)."""
+    "readiness" (round ends when ``1 - readiness`` of the clients finished); ``start``
+    is the trace time of round 0 (``RoundPolicy.start``)."""
     _one_of("policy.kind", kind, policies.KINDS)
     if kind == "readiness" and not 0 < readiness < 1:
         raise ValueError(f"policy.readiness is the share of clients not waited for, in (0, 1); "
                          f"got {readiness}")
-    common = {"over_commit": over_commit, "overhead": overhead,
+    common = {"over_commit": over_commit, "overhead": overhead, "start": start,
               "availability_aware": availability_aware, "on_unavailable": on_unavailable}
     if kind == "deadline":
         return policies.deadline(deadline, on_late=on_late, **common)
