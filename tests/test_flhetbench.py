@@ -16,7 +16,7 @@ import pytest
 
 from fedjax_het.system import flhetbench as fb
 from fedjax_het.system.availability import Availability
-from fedjax_het.system.profiles import ClientProfiles
+from fedjax_het.system.profiles import ClientProfiles, uniform_profiles
 
 try:  # the shipped FLASH traces (another part of the layer)
     from fedjax_het.system import sources
@@ -277,3 +277,13 @@ def test_shipped_flash_traces_order_by_ready_share():
     assert fb.stat_mc_t(often, key=key, mc=MC, costs=costs) < fb.stat_mc_t(
         rarely, key=key, mc=MC, costs=costs
     )
+
+
+def test_steps_needed_adds_local_compute_to_the_device_metrics():
+    clients = uniform_profiles(4, step_time=1.0, bandwidth=2 * fb.PAYLOAD_BYTES / 60)
+    mc = fb.MonteCarlo(cohort_size=4, rounds=3, trips=8)  # 60 s of transfers, a 120 s deadline
+    key = jax.random.key(0)
+    assert float(fb.dev_mc_r(clients, key=key, mc=mc, steps_needed=50)) == 1.0  # 110 s fits
+    assert float(fb.dev_mc_r(clients, key=key, mc=mc, steps_needed=70)) == 0.0  # 130 s never does
+    # T: 2 readiness rounds of 20 s overhead + 60 s + 50 s, over the ideal 2 x 20 s.
+    assert float(fb.dev_mc_t(clients, key=key, mc=mc, steps_needed=50)) == pytest.approx(6.5)

@@ -41,7 +41,10 @@ Deviations from the release, by choice (documented here once):
   draws both uniformly from the device's measured download list;
 - randomness is JAX's (per round and client, ``schedule``'s streams), so a
   seed does not reproduce the release's numbers; statistics over seeds agree;
-- the dropout hazard of the profiles is not used (the release has none).
+- the dropout hazard of the profiles is not used (the release has none);
+- ``steps_needed`` (scalar or ``[N]``, default 0: the release's communication-only
+  cost) adds each client's local compute, ``steps x step_time``, to the Dev* and
+  Inter* metrics, so they can describe a training workload, not only a payload.
 
 ``PAYLOAD_BYTES`` is the release's 335,157 KiB (ViT-B/16, 85,800,194 float32
 parameters) written so that, with speeds converted as kbit/s x 125 B/s
@@ -94,6 +97,7 @@ class MonteCarlo:
       cap: ``c`` of the R-metric; ``None``: ``rounds * cohort_size / N`` (600 here).
       max_rounds: a T-metric run gives up (``inf``) after this many rounds;
         ``None``: ``50 * ceil(trips / cohort_size)``.
+      start: trace time of the first round (``RoundPolicy.start``); the release starts at 0.
     """
 
     cohort_size: int = 20
@@ -105,6 +109,7 @@ class MonteCarlo:
     payload: float | jax.Array = PAYLOAD_BYTES
     cap: float | None = None
     max_rounds: int | None = None
+    start: float | jax.Array = 0.0
 
     def __post_init__(self):
         for name in ("cohort_size", "rounds", "trips"):
@@ -116,11 +121,12 @@ class MonteCarlo:
     def deadline_policy(self) -> policies.RoundPolicy:
         """R-metric rounds: end once everyone reported, at the deadline if one is late (§4.7)."""
         return policies.deadline(
-            self.deadline, deadline_end="wait_deadline", overhead=self.overhead
+            self.deadline, deadline_end="wait_deadline", overhead=self.overhead,
+            start=self.start,
         )
 
     def readiness_policy(self) -> policies.RoundPolicy:
-        return policies.readiness(self.drop_share, overhead=self.overhead)
+        return policies.readiness(self.drop_share, overhead=self.overhead, start=self.start)
 
 
 def participation_counts(s: Schedule, num_clients: int, *, successful: bool = True) -> jax.Array:
@@ -302,14 +308,20 @@ def _cost_grid(costs, first: float, last) -> jax.Array:
     return jnp.asarray(np.arange(first, last + COST_STEP_S / 2, COST_STEP_S), float)
 
 
-def dev_mc_r(profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None):
+def dev_mc_r(
+    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
+    steps_needed: int | jax.Array = 0,
+):
     """DevMC-R: the R-metric (Eq. 1) of the device speeds, everyone always available."""
-    return _r(_mc_profiles(profiles, traces=False), key, mc)
+    return _r(_mc_profiles(profiles, traces=False), key, mc, steps_needed)
 
 
-def inter_mc_r(profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None):
+def inter_mc_r(
+    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
+    steps_needed: int | jax.Array = 0,
+):
     """InterMC-R: the R-metric (Eq. 1) of device speeds and availability traces together."""
-    return _r(_mc_profiles(profiles, traces=True), key, mc)
+    return _r(_mc_profiles(profiles, traces=True), key, mc, steps_needed)
 
 
 def stat_mc_r(
@@ -328,14 +340,20 @@ def stat_mc_r(
     return _mean_over_costs(_r, profiles, key, mc, grid)
 
 
-def dev_mc_t(profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None):
+def dev_mc_t(
+    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
+    steps_needed: int | jax.Array = 0,
+):
     """DevMC-T: the T-metric of the device speeds, everyone always available."""
-    return _t(_mc_profiles(profiles, traces=False), key, mc)
+    return _t(_mc_profiles(profiles, traces=False), key, mc, steps_needed)
 
 
-def inter_mc_t(profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None):
+def inter_mc_t(
+    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
+    steps_needed: int | jax.Array = 0,
+):
     """InterMC-T: the T-metric of device speeds and availability traces together."""
-    return _t(_mc_profiles(profiles, traces=True), key, mc)
+    return _t(_mc_profiles(profiles, traces=True), key, mc, steps_needed)
 
 
 def stat_mc_t(
