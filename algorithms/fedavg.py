@@ -26,7 +26,13 @@ import jax
 import optax
 from flax import struct
 
-from fedjax_het.algorithm import Aggregator, FederatedAlgorithm, model_loss, weighted_mean
+from fedjax_het.algorithm import (
+    Aggregator,
+    FederatedAlgorithm,
+    Freezing,
+    model_loss,
+    weighted_mean,
+)
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.optimizers import HyperOptimizer
 from fedjax_het.typing import Hyper, Params, PyTree
@@ -47,6 +53,7 @@ def fedavg(
     local_loss: Callable[..., jax.Array] = model_loss,
     aggregator: Aggregator | None = None,
     extra_hyper: tuple[tuple[str, float], ...] = (),
+    freezing: Freezing | None = None,
     name: str = "fedavg",
 ) -> FederatedAlgorithm:
     """FedAvg with pluggable client and server optimizers, local objective and aggregation.
@@ -59,7 +66,8 @@ def fedavg(
         FedProx adds its proximal term here.
       aggregator: how client updates combine; default the weighted mean.
       extra_hyper: ``((name, default), ...)`` traced hyperparameters that
-        ``local_loss`` or ``aggregator`` read.
+        ``local_loss``, ``aggregator`` or ``freezing`` read.
+      freezing: per-client freezing chosen in the round (FreezeFL), or None.
       name: registry name reported in logs.
 
     Returns:
@@ -96,6 +104,7 @@ def fedavg(
         aggregator=aggregator or weighted_mean(),
         server_update=server_update,
         global_params=lambda state: state.params,
+        freezing=freezing,
     )
 
 

@@ -127,6 +127,34 @@ def model_loss(
 
 
 @dataclasses.dataclass(frozen=True)
+class Freezing:
+    """Per-client freezing chosen in the round, after a probe (FreezeFL, Chou et al. 2023, §III).
+
+    Each selected client first trains ``ceil(probe_share * steps)`` of its
+    local steps with every parameter, then picks a freeze *depth* ``d`` (its first ``d`` layers stop
+    training and are not uploaded) from what the probe changed and what each
+    depth would cost. The engine (``fedjax_het.online``) runs the probe,
+    prices every depth with the client's profile, schedules the round with
+    each client's upload bytes, and trains with the chosen mask from the end
+    of its probe on.
+
+    Attributes:
+      probe_share: share of a client's local steps trained unfrozen before the choice.
+      depth_masks: ``params -> pytree`` whose leaves are ``[D]`` 0/1 arrays:
+        entry ``d`` says whether the leaf trains at freeze depth ``d``
+        (depth 0 trains everything).
+      choose: ``(probe_update, seconds [D], soft_deadline, hyper) -> depth``
+        (int32), from the client's update after the probe and its expected
+        round time at each depth; ``soft_deadline`` is the server's running
+        estimate of a round's length (NaN before the first round).
+    """
+
+    probe_share: float
+    depth_masks: Callable[[Params], PyTree]
+    choose: Callable[[Update, jax.Array, jax.Array, Hyper], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
 class FederatedAlgorithm:
     """A federated algorithm as pure functions; hashable, so static under ``jit``.
 
@@ -142,6 +170,7 @@ class FederatedAlgorithm:
       aggregator: how updates combine.
       server_update: ``(server_state, aggregate, hyper) -> server_state``.
       global_params: ``server_state -> params`` the model that is evaluated.
+      freezing: per-client freezing chosen in the round (FreezeFL), or None.
     """
 
     name: str
@@ -155,6 +184,7 @@ class FederatedAlgorithm:
     aggregator: Aggregator
     server_update: Callable[[ServerState, Update, Hyper], ServerState]
     global_params: Callable[[ServerState], Params]
+    freezing: Freezing | None = None
 
     def hyper(self, overrides: Mapping[str, float] | None = None) -> Hyper:
         """The traced hyperparameters: defaults, then ``overrides``; unknown names are an error.

@@ -46,6 +46,8 @@ class ClientTask:
       train_mask: 0/1 pytree broadcastable to the params (per leaf: a scalar;
         per unit: an array): which parameters this client trains (freezing,
         sub-models, personal layers). None trains everything, at no cost.
+      mask_from: int32 first step the train mask applies to (earlier steps train
+        everything: FreezeFL's probe), or None for every step.
     """
 
     client_id: jax.Array
@@ -53,6 +55,7 @@ class ClientTask:
     step_limit: jax.Array
     key: PRNGKey
     train_mask: PyTree | None = None
+    mask_from: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +114,12 @@ def local_update(
         active = (s < num_steps).astype(jnp.float32)
         scale = jax.tree.map(lambda u: active.astype(u.dtype), updates)
         if task.train_mask is not None:
-            scale = jax.tree.map(lambda a, m: a * m, scale, task.train_mask)
+            train_mask = task.train_mask
+            if task.mask_from is not None:
+                train_mask = jax.tree.map(
+                    lambda m: jnp.where(s >= task.mask_from, m, 1), train_mask
+                )
+            scale = jax.tree.map(lambda a, m: a * m, scale, train_mask)
         params = jax.tree.map(lambda p, u, a: p + jnp.where(a > 0, a * u, 0), params, updates, scale)
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
         processed = jnp.where(s < num_steps, jnp.sum(mask), 0)

@@ -22,8 +22,8 @@ import numpy as np
 from flax import struct
 from tqdm.auto import tqdm
 
-from fedjax_het import results, rng
-from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het import online, results, rng
+from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
 from fedjax_het.cohort import auto_chunk, run_cohort
 from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
@@ -105,6 +105,16 @@ class Round:
     ) -> tuple[RunState, dict[str, jax.Array]]:
         """One round: ``(state, round) -> (state, per-round metrics)``."""
         ids, tasks = self.cohort(round_idx, train, key, plan)
+        state, _, metrics = self.train_cohort(state, ids, tasks, hyper, train)
+        return state, metrics
+
+    def train_cohort(
+        self, state: RunState, ids: jax.Array, tasks: ClientTask, hyper: Hyper, train: DeviceSplit
+    ) -> tuple[RunState, ClientStats, dict[str, jax.Array]]:
+        """Trains the slots ``tasks`` (clients ``ids``), aggregates and updates the server.
+
+        Returns the new state, every slot's ``ClientStats`` and the round's metrics.
+        """
         broadcast = self.algorithm.broadcast(state.server_state)
         client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
         cohort_states = jax.tree.map(lambda s: s[ids], state.client_states)
@@ -128,7 +138,7 @@ class Round:
             "participants": jnp.sum(counted).astype(jnp.int32),
             "examples": examples,
         }
-        return RunState(server_state, client_states), metrics
+        return RunState(server_state, client_states), stats, metrics
 
 
 @dataclasses.dataclass
@@ -492,6 +502,7 @@ def run(
     config: Mapping[str, Any] | None = None,
     on_eval: Callable[[dict[str, Any]], None] | None = None,
     system: System | None = None,
+    select: online.LearnedSelect | None = None,
     targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
@@ -518,6 +529,11 @@ def run(
         training); training then follows it: selected clients, partial work as
         step masks, failed clients at weight 0. Adds the virtual clock, outcome
         counts, bytes and wasted work to the metrics.
+      select: a selection that learns (``online.LearnedSelect``, e.g.
+        ``sampling.power_of_choice``), given the server's per-client record. It,
+        and an algorithm with ``freezing`` (FreezeFL), need a ``system``; the
+        schedule is then computed round by round inside the training loop
+        (``fedjax_het.online``) instead of before it.
       targets: test accuracies whose first round, virtual time and wall time
         the summary reports (``to_accuracy``).
 
@@ -530,20 +546,75 @@ def run(
         eval_batch_size=eval_batch_size,
     )
     key = rng.seed_key(seed)
-    plans, accounting = None, None
-    if system is not None:
-        plans = plan_run(system, data, setup.round.spec, sampler, rounds=rounds, key=key)
-        accounting = schedule_accounting(plans, setup.round.spec, data.train.count, data.num_clients)
     recorder = Recorder(
-        time.perf_counter(), accounting, out_dir=out_dir, config=config, data=data, on_eval=on_eval
+        time.perf_counter(), None, out_dir=out_dir, config=config, data=data, on_eval=on_eval
     )
-    block, evaluate_ = setup.programs(key)
-    state, ev, compile_s = train_loop(
-        setup.init(key), rounds=rounds, eval_every=eval_every, block=block, evaluate=evaluate_,
-        plans=plans, on_eval=recorder.record, progress=progress,
-    )
+    if select is not None or algorithm.freezing is not None:
+        if system is None:
+            raise ValueError(
+                f"a learned select and {algorithm.name}'s freezing choose from device timings; "
+                "give run a system"
+            )
+        state, ev, compile_s, plans = _run_online(
+            setup, system, select, key, recorder, rounds=rounds, eval_every=eval_every,
+            progress=progress,
+        )
+    else:
+        plans = None
+        if system is not None:
+            plans = plan_run(system, data, setup.round.spec, sampler, rounds=rounds, key=key)
+            recorder.accounting = schedule_accounting(
+                plans, setup.round.spec, data.train.count, data.num_clients
+            )
+        block, evaluate_ = setup.programs(key)
+        state, ev, compile_s = train_loop(
+            setup.init(key), rounds=rounds, eval_every=eval_every, block=block,
+            evaluate=evaluate_, plans=plans, on_eval=recorder.record, progress=progress,
+        )
     timing = {
         "wall_s": round(time.perf_counter() - recorder.start, 3),
         "first_block_s_with_compile": round(compile_s, 3),
     }
     return recorder.history(state, ev, setup, plans=plans, targets=targets, timing=timing)
+
+
+def _run_online(
+    setup: Setup, system: System, select: online.LearnedSelect | None, key: PRNGKey,
+    recorder: Recorder, *, rounds: int, eval_every: int, progress: bool,
+) -> tuple[RunState, Any, float, Schedule]:
+    """``run``'s loop with the schedule computed in the loop; returns the rows it produced."""
+    data, spec = setup.data, setup.round.spec
+    slots = min(int(num_selected(setup.round.sampler.cohort_size, system.policy.over_commit)),
+                data.num_clients)
+    if select is None:
+        among_ready = scheduling.select_among_ready(data.num_clients, slots)
+        select = lambda key, round_idx, ready, record: among_ready(key, round_idx, ready)
+    program = online.OnlineRound(setup.round, system.policy, select, slots)
+    steps = jnp.asarray(steps_needed(spec, data.train.count))
+    block_fn = jax.jit(program.run_block)
+    _, evaluate_ = setup.programs(key)
+    rows: list[Schedule] = []
+
+    def record(done, block_output, ev):
+        metrics = None
+        if block_output is not None:
+            metrics, row = block_output
+            rows.append(row)
+            recorder.accounting = schedule_accounting(
+                _concat(rows), spec, data.train.count, data.num_clients
+            )
+        recorder.record(done, metrics, ev)
+
+    state, ev, compile_s = train_loop(
+        program.init(setup.init(key), data.num_clients), rounds=rounds, eval_every=eval_every,
+        block=lambda state, ids, _: block_fn(
+            state, ids, setup.hyper, setup.train, key, system.profiles, steps
+        ),
+        evaluate=lambda state: evaluate_(state.run), plans=None, on_eval=record,
+        progress=progress,
+    )
+    return state.run, ev, compile_s, _concat(rows)
+
+
+def _concat(rows: Sequence[Schedule]) -> Schedule:
+    return jax.tree.map(lambda *blocks: jnp.concatenate(blocks), *rows)

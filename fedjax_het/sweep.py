@@ -75,6 +75,11 @@ def sweep(
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed")
+    if algorithm.freezing is not None:
+        raise ValueError(
+            f"{algorithm.name} chooses its freezing inside the loop; sweep runs precomputed "
+            "schedules: use simulate.run for each setting"
+        )
     if systems is not None and not systems:
         raise ValueError("systems must hold at least one System, or be None")
     setup = Setup.build(

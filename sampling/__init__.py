@@ -14,6 +14,7 @@ from fedjax_het.sampling.presets import (
     sample_devices,
     sample_states,
 )
+from fedjax_het.sampling.power_of_choice import power_of_choice
 from fedjax_het.sampling.uniform import uniform
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "dpcsm",
     "dpgmm",
     "interplay_grid",
+    "power_of_choice",
     "ready_fraction_score",
     "sample_devices",
     "sample_states",

@@ -249,3 +249,27 @@ def next_ready(av: Availability, trace: jax.Array, t: jax.Array) -> jax.Array:
     )
     out = jnp.where(inside, t, jnp.where(cnt > 0, later, jnp.inf))
     return jnp.where(trace == ALWAYS, t, out)
+
+
+def queryable(av: Availability) -> Availability:
+    """``av``, padded with one unused interval row (and trace) if it has none.
+
+    The availability queries index the interval arrays, which fails on an
+    empty store (``profiles.no_traces()``, or traces that are never ready);
+    a padding row with ``count == 0`` answers the same: never ready.
+    """
+    if min(x.shape[0] for x in jax.tree.leaves(av)) > 0:
+        return av
+
+    def pad(x, value):
+        return x if x.shape[0] > 0 else jnp.full((1,), value, x.dtype)
+
+    return Availability(
+        start=pad(av.start, 0),
+        end=pad(av.end, 0),
+        ready_before=pad(av.ready_before, 0),
+        offset=pad(av.offset, 0),
+        count=pad(av.count, 0),
+        period=pad(av.period, 1),
+        ready_per_period=pad(av.ready_per_period, 0),
+    )

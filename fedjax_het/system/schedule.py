@@ -157,30 +157,6 @@ def _per_client(value, num_clients: int, name: str, dtype) -> jax.Array:
     return jnp.broadcast_to(value, (num_clients,))
 
 
-def _queryable(av: avail.Availability) -> avail.Availability:
-    """``av``, padded with one unused interval row (and trace) if it has none.
-
-    The availability queries index the interval arrays, which fails on an
-    empty store (``profiles.no_traces()``, or traces that are never ready);
-    a padding row with ``count == 0`` answers the same: never ready.
-    """
-    if min(x.shape[0] for x in jax.tree.leaves(av)) > 0:
-        return av
-
-    def pad(x, value):
-        return x if x.shape[0] > 0 else jnp.full((1,), value, x.dtype)
-
-    return avail.Availability(
-        start=pad(av.start, 0),
-        end=pad(av.end, 0),
-        ready_before=pad(av.ready_before, 0),
-        offset=pad(av.offset, 0),
-        count=pad(av.count, 0),
-        period=pad(av.period, 1),
-        ready_per_period=pad(av.ready_per_period, 0),
-    )
-
-
 def _query(fn, av, *per_slot):
     """The availability query ``fn(av, *args)`` over the leading axis of every argument.
 
@@ -311,7 +287,7 @@ def schedule_round(
     n, dtype = profiles.num_clients, profiles.step_time.dtype
     ids, valid = jnp.asarray(selected, jnp.int32), jnp.asarray(valid, bool)
     num_slots = ids.shape[0]
-    av, trace = _queryable(profiles.availability), profiles.trace[ids]
+    av, trace = avail.queryable(profiles.availability), profiles.trace[ids]
     start = jnp.asarray(start, dtype)
     overhead = policy.overhead.astype(dtype)
     t0s = jnp.full((num_slots,), start + overhead)
@@ -389,7 +365,7 @@ def plan_round(
     t0 = jnp.asarray(start, profiles.step_time.dtype) + policy.overhead
     if policy.availability_aware:
         ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(
-            _queryable(profiles.availability), profiles.trace, t0
+            avail.queryable(profiles.availability), profiles.trace, t0
         )
     else:
         ready = jnp.ones((profiles.num_clients,), bool)

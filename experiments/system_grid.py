@@ -1,0 +1,220 @@
+"""FedAvg over FLHetBench's 4 device x 4 state grid, as one batched program.
+
+The default experiment of ``fedjax-het run`` (Fashion-MNIST subset, 100 clients, Dirichlet 0.5,
+784-200-200-10 MLP, FedAvg, 10 clients a round, one local epoch of batch 20) is trained in the 16
+settings of FLHetBench's interplay grid (Zhang et al., CVPR 2024, §5.2.3):
+
+* devices (rows): the four released device cases, DPGMM over the AI-Benchmark scores
+  (``device_sampler = "dpgmm"``, ``device_level = caseI``), the median device taking
+  ``--step-time`` seconds a local step; spread grows from case1 to case4;
+* states (columns): the four released state cases, DPCSM over the FLASH strict traces
+  (``state_sampler = "dpcsm"``, ``state_level = caseJ``); case1 is the most severe;
+* network: the 19 FLASH profiles; payload: the model's float32 parameters both ways;
+* rounds start at trace time ``--start`` (86,400 s, the second midnight; at 0 only ~2 % of the
+  traces are ready), pause while a device is not ready, and select among the ready clients.
+
+Two round policies, each a grid of 16 cells run by ``fedjax_het.sweep.sweep`` as one
+``vmap``-ed program: a ``--deadline`` (late work dropped) and readiness ``r = 0.2`` (the round
+ends at the 80th percentile of finish times; the slowest clients are stragglers left out).
+
+Per cell: final test accuracy, rounds and virtual hours to ``--target`` accuracy, the share of
+selected clients whose work was lost, participation Gini and clients never aggregated, and
+InterMC-R (FLHetBench Eq. 1) at this workload: cohort 10, the run's deadline, overhead and
+start, the model's payload and every client's local steps, 1,000 rounds.
+
+Cost: the 16 deadline cells are also run one after another with ``simulate.run``; both wall
+times (compilation included, as a user pays it) are reported, measured in the same invocation.
+
+Usage::
+
+    python experiments/system_grid.py --rounds 200            # writes experiments/results/system_grid
+    python experiments/system_grid.py --report                # redraw the plot, print the tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedjax_het import config as config_lib
+from fedjax_het import results as run_results
+from fedjax_het import simulate
+from fedjax_het.sweep import sweep
+from fedjax_het.system import flhetbench, setup
+from fedjax_het.system.schedule import OK
+
+CASES = ("case1", "case2", "case3", "case4")
+OUT = Path(__file__).parent / "results" / "system_grid"
+
+
+def systems(num_clients: int, args: argparse.Namespace, policy) -> list[setup.System]:
+    """The 16 systems, row by row (device case), then column (state case)."""
+    return [
+        setup.System(
+            setup.profiles_from_options(
+                num_clients, devices="flash", device_sampler="dpgmm", device_level=device,
+                step_time=args.step_time, network="flash", availability="strict",
+                state_sampler="dpcsm", state_level=state,
+            ),
+            policy,
+        )
+        for device in CASES
+        for state in CASES
+    ]
+
+
+def policies(args: argparse.Namespace) -> dict[str, Any]:
+    common = {"overhead": args.overhead, "start": args.start}
+    return {
+        "deadline": setup.policy_from_options(kind="deadline", deadline=args.deadline, **common),
+        "readiness": setup.policy_from_options(kind="readiness", readiness=0.2, **common),
+    }
+
+
+def cell_row(history: simulate.History, args: argparse.Namespace) -> dict[str, Any]:
+    """The figures of one cell."""
+    s = jax.device_get(history.schedule)
+    valid = np.asarray(s.valid)
+    hit = history.summary["to_accuracy"].get(f"{args.target:g}")
+    return {
+        "final_accuracy": history.summary["final_test_accuracy"],
+        "rounds_to_target": None if hit is None else hit["round"],
+        "hours_to_target": None if hit is None else hit["virtual_s"] / 3600,
+        "virtual_hours": history.summary["virtual_s"] / 3600,
+        "mean_round_s": float(np.mean(s.duration)),
+        "lost_share": float(np.sum(valid & (np.asarray(s.outcome) != OK)) / max(valid.sum(), 1)),
+        "participation_gini": history.summary["participation_gini"],
+        "never_aggregated": history.summary["clients_never_participated"],
+        "curve": [[e["round"], e["test_accuracy"]] for e in history.metrics],
+    }
+
+
+def inter_mc_r(system: setup.System, steps: np.ndarray, args, payload: float) -> float:
+    mc = flhetbench.MonteCarlo(
+        cohort_size=args.clients_per_round, rounds=1000, deadline=args.deadline,
+        overhead=args.overhead, payload=payload, start=args.start,
+    )
+    return float(flhetbench.inter_mc_r(
+        system.profiles, key=jax.random.key(0), mc=mc, steps_needed=steps
+    ))
+
+
+def main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    exp = config_lib.build(config_lib.load(None, [f"rounds={args.rounds}"]))
+    kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed")}
+    spec = simulate.local_spec(exp.model, exp.algorithm, exp.data, exp.work)
+    steps = simulate.steps_needed(spec, exp.data.train.count)
+    shapes = jax.eval_shape(exp.model.init, jax.random.key(0))
+    payload = float(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes)))
+    args.clients_per_round = exp.sampler.cohort_size
+    record: dict[str, Any] = {"args": vars(args), "environment": run_results.environment()}
+    for name, policy in policies(args).items():
+        grid = systems(exp.data.num_clients, args, policy)
+        t0 = time.perf_counter()
+        cells = sweep(exp.data, exp.model, exp.algorithm, exp.sampler, systems=grid,
+                      seeds=(args.seed,), progress=True, **kwargs)
+        batched_s = time.perf_counter() - t0
+        rows = [cell_row(h, args) for h in cells]
+        for row, system in zip(rows, grid):
+            row["inter_mc_r"] = inter_mc_r(system, steps, args, payload)
+        record[name] = {"cells": rows, "batched_wall_s": batched_s}
+        print(f"{name}: 16 cells batched in {batched_s:.1f} s")
+        if name == "deadline" and args.sequential:
+            t0 = time.perf_counter()
+            for system in grid:
+                simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler, system=system,
+                             seed=args.seed, progress=False, **kwargs)
+            record[name]["sequential_wall_s"] = time.perf_counter() - t0
+            print(f"{name}: 16 cells one after another in {record[name]['sequential_wall_s']:.1f} s")
+        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    report(out)
+
+
+TABLE_FIELDS = (
+    ("final_accuracy", "final acc", "{:.3f}"),
+    ("rounds_to_target", "rounds to target", "{}"),
+    ("hours_to_target", "virtual h to target", "{:.1f}"),
+    ("lost_share", "lost share", "{:.2f}"),
+    ("participation_gini", "participation Gini", "{:.2f}"),
+    ("never_aggregated", "never aggregated", "{}"),
+    ("mean_round_s", "mean round s", "{:.1f}"),
+    ("inter_mc_r", "InterMC-R", "{:.3f}"),
+)
+
+TITLES = {field: title for field, title, _ in TABLE_FIELDS}
+
+
+def report(out: Path) -> None:
+    """Prints a markdown table per policy and draws ``system_grid.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    record = json.loads((out / "results.json").read_text())
+    names = [n for n in ("deadline", "readiness") if n in record]
+    for name in names:
+        print(f"\n### {name}\n")
+        print("| device | state | " + " | ".join(t for _, t, _ in TABLE_FIELDS) + " |")
+        print("|---|---|" + "---|" * len(TABLE_FIELDS))
+        for k, row in enumerate(record[name]["cells"]):
+            shown = [("-" if row[f] is None else fmt.format(row[f])) for f, _, fmt in TABLE_FIELDS]
+            print(f"| {CASES[k // 4]} | {CASES[k % 4]} | " + " | ".join(shown) + " |")
+        timing = record[name]
+        line = f"\nbatched: {timing['batched_wall_s']:.0f} s"
+        if "sequential_wall_s" in timing:
+            line += (f"; sequential: {timing['sequential_wall_s']:.0f} s "
+                     f"({timing['sequential_wall_s'] / timing['batched_wall_s']:.2f}x)")
+        print(line)
+    panels = ("final_accuracy", "hours_to_target", "participation_gini", "inter_mc_r")
+    fig, axes = plt.subplots(len(names), len(panels), figsize=(4 * len(panels), 3.6 * len(names)),
+                             squeeze=False)
+    for i, name in enumerate(names):
+        for j, field in enumerate(panels):
+            values = np.array([np.nan if c[field] is None else c[field]
+                               for c in record[name]["cells"]], float).reshape(4, 4)
+            ax = axes[i, j]
+            image = ax.imshow(values, cmap="viridis")
+            for (r, c), v in np.ndenumerate(values):
+                ax.text(c, r, "-" if np.isnan(v) else f"{v:.2f}", ha="center", va="center",
+                        color="w", fontsize=8)
+            ax.set_xticks(range(4), [f"S{k + 1}" for k in range(4)])
+            ax.set_yticks(range(4), [f"D{k + 1}" for k in range(4)])
+            ax.set_title(f"{name}: {TITLES[field]}", fontsize=9)
+            fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.supxlabel("state case (S1 most severe)")
+    fig.supylabel("device case (D4 widest spread)")
+    fig.tight_layout()
+    fig.savefig(out / "system_grid.png", dpi=110)
+
+
+def parse(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-time", type=float, default=0.5, help="median device, s/step")
+    parser.add_argument("--deadline", type=float, default=20.0, help="seconds after overhead")
+    parser.add_argument("--overhead", type=float, default=5.0)
+    parser.add_argument("--start", type=float, default=86_400.0, help="trace time of round 0")
+    parser.add_argument("--target", type=float, default=0.7)
+    parser.add_argument("--no-sequential", dest="sequential", action="store_false",
+                        help="skip the 16 one-after-another runs")
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--report", action="store_true", help="only redraw from results.json")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    if arguments.report:
+        report(Path(arguments.out))
+    else:
+        main(arguments)

@@ -1,0 +1,234 @@
+"""Rounds whose schedule is computed inside the training loop (DESIGN.md §7, last paragraph).
+
+``simulate.run`` with a system plans the whole run before training, which is
+right while timing does not depend on model values. Two things break that:
+
+* **selection that learns** (Oort, power-of-choice, HDFL): a ``LearnedSelect``
+  picks the cohort from the server's ``ClientRecord``: each client's last
+  training loss, its last measured round time, and how often it was
+  selected, aggregated and lost;
+* **per-client freezing** (``FederatedAlgorithm.freezing``, FreezeFL): a
+  client's upload, hence its finish time, depends on the layers it chose to
+  freeze after a probe of local training.
+
+An ``OnlineRound`` step does, in one jitted program: readiness at ``start +
+overhead``; selection; the freezing probe (every selected client trains its
+first ``probe_steps`` steps, scores each freeze depth and picks one);
+``schedule.schedule_round`` with each client's upload bytes; training from
+the row (steps done as step limits, failures at weight 0, the freeze mask
+from the probe's end on); aggregation; and the record. The schedule rows are
+the same ``Schedule`` fields ``system.schedule`` returns, so the accounting
+and FLHetBench metrics read them unchanged.
+
+Compute cost of a frozen step: the schedule charges every local step its
+full ``step_time``. Freezing saves upload bytes here, not backward-pass time
+(FreezeFL's time model also shortens frozen steps; not modelled).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from fedjax_het import rng
+from fedjax_het.cohort import run_cohort
+from fedjax_het.local import ClientTask, DeviceSplit, local_update
+from fedjax_het.system import availability as avail
+from fedjax_het.system.policy import RoundPolicy, num_selected
+from fedjax_het.system.profiles import ClientProfiles
+from fedjax_het.system.schedule import EMPTY, OK, UNAVAILABLE, Schedule, schedule_round
+from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
+
+if TYPE_CHECKING:  # simulate imports this module
+    from fedjax_het.simulate import Round, RunState
+
+
+@struct.dataclass
+class ClientRecord:
+    """What the server has seen of every client, ``[N]`` each.
+
+    Attributes:
+      loss: mean training loss of the client's last round with work (NaN: never).
+      seconds: seconds from its last round's start until it finished (NaN: never finished).
+      selected: rounds it was selected in.
+      aggregated: rounds its update counted (OK).
+      lost: rounds it started but did not count (late or dropped).
+    """
+
+    loss: jax.Array
+    seconds: jax.Array
+    selected: jax.Array
+    aggregated: jax.Array
+    lost: jax.Array
+
+    @classmethod
+    def empty(cls, num_clients: int) -> ClientRecord:
+        nan, zero = jnp.full((num_clients,), jnp.nan), jnp.zeros((num_clients,), jnp.int32)
+        return cls(loss=nan, seconds=nan, selected=zero, aggregated=zero, lost=zero)
+
+
+# ``(key, round_idx, ready bool [N], record) -> (ids int32 [S], valid bool [S])``: ``key`` is the
+# round's "select" stream; ``ready`` is all True unless the policy is availability-aware. Ids of
+# valid slots must be distinct.
+LearnedSelect = Callable[[PRNGKey, jax.Array, jax.Array, ClientRecord], tuple[jax.Array, jax.Array]]
+
+
+@struct.dataclass
+class OnlineState:
+    """The run state plus what the in-loop schedule carries between rounds.
+
+    Attributes:
+      run: the ``simulate.RunState``.
+      clock: virtual time the next round starts.
+      soft_deadline: running mean (EMA) of the mean finish time of the counted clients
+        of each round; NaN before the first (FreezeFL's ``T_r``).
+      record: the ``ClientRecord``.
+    """
+
+    run: RunState
+    clock: jax.Array
+    soft_deadline: jax.Array
+    record: ClientRecord
+
+
+def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
+    """Bytes of ``params`` sent up: every leaf, or per depth ``[D]`` the leaves ``masks`` train."""
+    if masks is None:
+        return jnp.float32(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params)))
+    sizes = jax.tree.map(lambda p, m: m * (p.size * p.dtype.itemsize), params, masks)
+    return sum(jax.tree.leaves(sizes))
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineRound:
+    """A round with its schedule computed in the loop (see the module docstring).
+
+    Attributes:
+      round: the ``simulate.Round`` (model, algorithm, local work, chunk).
+      policy: the round policy.
+      select: the learned selection (``LearnedSelect``).
+      num_slots: ids ``select`` returns; at least ``ceil(m * (1 + over_commit))``.
+      soft_deadline_ema: weight of the old value in ``OnlineState.soft_deadline``.
+    """
+
+    round: Round
+    policy: RoundPolicy
+    select: LearnedSelect
+    num_slots: int
+    soft_deadline_ema: float = 0.5
+
+    def init(self, run_state: RunState, num_clients: int) -> OnlineState:
+        return OnlineState(
+            run_state, jnp.asarray(self.policy.start, jnp.float32), jnp.float32(jnp.nan),
+            ClientRecord.empty(num_clients),
+        )
+
+    def step(
+        self, state: OnlineState, round_idx: jax.Array, hyper: Hyper, train: DeviceSplit,
+        key: PRNGKey, profiles: ClientProfiles, steps_needed: jax.Array,
+    ) -> tuple[OnlineState, tuple[dict[str, jax.Array], Schedule]]:
+        """One round: ``(state, round) -> (state, (metrics, schedule row))``."""
+        round_, policy = self.round, self.policy
+        m = round_.sampler.cohort_size
+        ids, valid = self._select(state, round_idx, key, profiles)
+        valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
+        broadcast = round_.algorithm.broadcast(state.run.server_state)
+        full = upload_bytes(broadcast)
+        payload_up = jnp.full((profiles.num_clients,), full)
+        freezing = round_.algorithm.freezing
+        if freezing is not None:
+            masks = freezing.depth_masks(broadcast)
+            probe = jnp.ceil(freezing.probe_share * steps_needed).astype(jnp.int32)
+            depth = self._probe(state, ids, round_idx, hyper, train, key, profiles, steps_needed,
+                                probe, masks, full)
+            payload_up = payload_up.at[ids].set(upload_bytes(broadcast, masks)[depth])
+        row, clock = schedule_round(
+            profiles, policy, round_idx=round_idx, start=state.clock, key=key, selected=ids,
+            valid=valid, steps_needed=steps_needed, payload_down=full, payload_up=payload_up,
+            cohort_size=m,
+        )
+        _, tasks = round_.cohort(round_idx, train, key, plan=row)
+        if freezing is not None:
+            tasks = tasks.replace(
+                train_mask=jax.tree.map(lambda mask: mask[depth], masks), mask_from=probe[ids]
+            )
+        run_state, stats, metrics = round_.train_cohort(state.run, ids, tasks, hyper, train)
+        state = OnlineState(
+            run_state, clock, self._soft_deadline(state.soft_deadline, row),
+            _recorded(state.record, row, stats, policy.overhead),
+        )
+        return state, (metrics, row)
+
+    def _select(self, state, round_idx, key, profiles):
+        t0 = state.clock + self.policy.overhead
+        if self.policy.availability_aware:
+            ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(
+                avail.queryable(profiles.availability), profiles.trace, t0
+            )
+        else:
+            ready = jnp.ones((profiles.num_clients,), bool)
+        select_key = rng.stream(rng.round_key(key, round_idx), "select")
+        return self.select(select_key, round_idx, ready, state.record)
+
+    def _probe(self, state, ids, round_idx, hyper, train, key, profiles, steps_needed, probe,
+               masks, full):
+        """Each slot's freeze depth, chosen after its first ``probe`` steps (weight 0, no sums)."""
+        round_, freezing = self.round, self.round.algorithm.freezing
+        # Expected round time of every client at every depth: mean speeds, all steps, [N, D].
+        broadcast = round_.algorithm.broadcast(state.run.server_state)
+        fixed = full / profiles.down_mean + steps_needed * profiles.step_time
+        seconds = fixed[:, None] + upload_bytes(broadcast, masks)[None, :] / profiles.up_mean[:, None]
+        train_keys = jax.vmap(rng.client_key, in_axes=(None, 0))(
+            rng.stream(rng.round_key(key, round_idx), "train"), ids
+        )  # the keys of the round's training (simulate.Round.cohort): the same batches
+        tasks = ClientTask(ids, jnp.zeros(ids.shape), probe[ids], train_keys)
+
+        def probe_client(client_state, task):
+            update, _, stats = local_update(round_.spec, hyper, broadcast, client_state, task, train)
+            depth = freezing.choose(update, seconds[task.client_id], state.soft_deadline, hyper)
+            return update, depth.astype(jnp.int32), stats
+
+        cohort_states = jax.tree.map(lambda s: s[ids], state.run.client_states)
+        _, depth, _ = run_cohort(probe_client, cohort_states, tasks, round_.algorithm.aggregator,
+                                 chunk=round_.chunk)
+        return depth
+
+    def _soft_deadline(self, old: jax.Array, row: Schedule) -> jax.Array:
+        ok = row.outcome == OK
+        mean = jnp.sum(jnp.where(ok, row.finish, 0)) / jnp.maximum(jnp.sum(ok), 1)
+        observed = mean - self.policy.overhead
+        new = jnp.where(jnp.isnan(old), observed, self.soft_deadline_ema * old
+                        + (1 - self.soft_deadline_ema) * observed)
+        return jnp.where(jnp.any(ok), new, old).astype(jnp.float32)
+
+    def run_block(self, state, round_ids, hyper, train, key, profiles, steps_needed):
+        """The rounds ``round_ids`` as one ``lax.scan``; outputs (metrics, schedule rows)."""
+        step = functools.partial(self.step, hyper=hyper, train=train, key=key,
+                                 profiles=profiles, steps_needed=steps_needed)
+        return jax.lax.scan(lambda s, r: step(s, r), state, round_ids)
+
+
+def _recorded(record: ClientRecord, row: Schedule, stats, overhead) -> ClientRecord:
+    """``record`` after a round: losses of clients that computed, times of those that finished."""
+    ids, valid = row.selected, row.valid
+    started = valid & (row.outcome != UNAVAILABLE) & (row.outcome != EMPTY)
+    ok = valid & (row.outcome == OK)
+    loss = stats.loss_sum / jnp.maximum(stats.examples, 1)
+    computed = started & (stats.examples > 0)
+
+    def put(field, new, where):
+        return field.at[ids].set(jnp.where(where, new, field[ids]))
+
+    return ClientRecord(
+        loss=put(record.loss, loss, computed),
+        seconds=put(record.seconds, row.finish - overhead, ok),
+        selected=put(record.selected, record.selected[ids] + 1, valid),
+        aggregated=put(record.aggregated, record.aggregated[ids] + 1, ok),
+        lost=put(record.lost, record.lost[ids] + 1, started & ~ok),
+    )

@@ -1,0 +1,138 @@
+"""Schedules computed inside the training loop: learned selection and FreezeFL's freezing."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_het import models, simulate
+from fedjax_het.algorithm import Freezing, masked_mean
+from fedjax_het.algorithms import fedavg
+from fedjax_het.algorithms.freezefl import depth_masks, freeze_objective, freezefl
+from fedjax_het.data.batching import LocalWork
+from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.sampling import power_of_choice, uniform
+from fedjax_het.system import setup
+from fedjax_het.system.flhetbench import participation_counts
+from fedjax_het.system.schedule import OK, select_among_ready
+
+N, M = 12, 4
+DATA = leaf_synthetic(num_clients=N, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
+MODEL = models.mlp(DATA.example_shape, DATA.num_classes, hidden=(8,))  # Dense_0, Dense_1
+WORK = LocalWork(batch_size=5, epochs=3)
+COMMON = dict(rounds=4, eval_every=2, work=WORK, hyper={"client_lr": 0.1}, progress=False)
+LAYER_BYTES = {"Dense_0": (6 * 8 + 8) * 4, "Dense_1": (8 * 3 + 3) * 4}
+
+
+def system(*, kind="wait_all", bandwidth=1e3) -> setup.System:
+    profiles = setup.profiles_from_options(
+        N, devices="lognormal", step_time=0.1, step_time_sigma=0.8, bandwidth=bandwidth,
+        availability="bernoulli", availability_p=0.7, dropout=0.1,
+    )
+    return setup.System(profiles, setup.policy_from_options(kind=kind, deadline=4.0))
+
+
+def forced_freezing(depth: int, probe_share: float):
+    """FedAvg with layer-wise aggregation whose clients all freeze ``depth`` layers."""
+    rule = Freezing(probe_share, depth_masks, lambda *_: jnp.int32(depth))
+    return fedavg(aggregator=masked_mean(), freezing=rule, name=f"frozen{depth}")
+
+
+def run(algorithm, sys, **kw):
+    return simulate.run(DATA, MODEL, algorithm, uniform(N, M), system=sys, **{**COMMON, **kw})
+
+
+def initial_state() -> simulate.RunState:
+    """The state every run with seed 0 starts from."""
+    return simulate.init_state(MODEL, fedavg(), N, fedavg().hyper(), jax.random.key(0))
+
+
+def test_a_frozen_layer_is_bit_identical_and_its_bytes_are_not_counted():
+    sys = system()
+    frozen = run(forced_freezing(1, probe_share=0.0), sys)
+    start = initial_state()
+    np.testing.assert_array_equal(
+        frozen.params["Dense_0"]["kernel"], start.server_state.params["Dense_0"]["kernel"]
+    )
+    assert not np.array_equal(
+        frozen.params["Dense_1"]["kernel"], start.server_state.params["Dense_1"]["kernel"]
+    )
+    s = frozen.schedule
+    ok = np.asarray(s.outcome) == OK
+    assert ok.any()
+    np.testing.assert_array_equal(np.asarray(s.bytes_up)[ok], LAYER_BYTES["Dense_1"])
+    full = sum(LAYER_BYTES.values())
+    np.testing.assert_array_equal(np.asarray(s.bytes_down)[ok], full)
+
+
+def test_the_probe_trains_every_layer_then_the_mask_applies():
+    sys = system()
+    # One round. Probe = all the work: every layer trains, but Dense_0 is not uploaded;
+    # Dense_1 is FedAvg's, since layer-wise and plain means agree where everyone trained.
+    one = dict(rounds=1, eval_every=1)
+    probe_all = run(forced_freezing(1, probe_share=1.0), sys, **one)
+    plain = run(forced_freezing(0, probe_share=1.0), sys, **one)
+    np.testing.assert_array_equal(probe_all.schedule.outcome, plain.schedule.outcome)
+    np.testing.assert_allclose(
+        probe_all.params["Dense_1"]["kernel"], plain.params["Dense_1"]["kernel"], rtol=1e-6
+    )
+    start = initial_state()
+    np.testing.assert_array_equal(
+        probe_all.params["Dense_0"]["kernel"], start.server_state.params["Dense_0"]["kernel"]
+    )
+    # Frozen from step 0, Dense_0's gradient path no longer moves: Dense_1 trains differently.
+    no_probe = run(forced_freezing(1, probe_share=0.0), sys, **one)
+    assert not np.allclose(no_probe.params["Dense_1"]["kernel"], plain.params["Dense_1"]["kernel"])
+
+
+def test_the_in_loop_schedule_is_the_precomputed_one():
+    sys = system(kind="deadline")
+    among_ready = select_among_ready(N, M)
+    online = run(fedavg(), sys, select=lambda key, r, ready, record: among_ready(key, r, ready))
+    offline = run(fedavg(), sys)
+    for got, want in zip(jax.tree.leaves(online.schedule), jax.tree.leaves(offline.schedule)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(jax.tree.leaves(online.params), jax.tree.leaves(offline.params)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert online.summary["virtual_s"] == offline.summary["virtual_s"]
+
+
+def test_freeze_objective_by_hand():
+    importance, seconds = jnp.array([1.0, 2.0, 3.0]), jnp.array([10.0, 8.0, 5.0])
+    # d=0: 6 (6/10)^2 = 2.16; d=1: 5 (6/8)^2 = 2.8125; d=2: 3 (on time: no penalty).
+    np.testing.assert_allclose(
+        freeze_objective(importance, seconds, jnp.float32(6), jnp.float32(2)),
+        [2.16, 2.8125, 3.0], rtol=1e-6,
+    )
+    no_deadline = freeze_objective(importance, seconds, jnp.float32(jnp.nan), jnp.float32(2))
+    np.testing.assert_allclose(no_deadline, [6.0, 5.0, 3.0])
+    assert int(jnp.argmax(freeze_objective(importance, seconds, 6.0, 0.0))) == 0  # beta 0: FedAvg
+
+
+def test_freezefl_freezes_on_a_slow_uplink_and_saves_upload_bytes():
+    slow = system(bandwidth=20.0)  # uploading the whole model takes ~16 s, the compute ~1 s
+    frozen = run(freezefl(beta=4.0, epochs=3), slow)
+    plain = run(fedavg(aggregator=masked_mean()), slow)
+    ok = np.asarray(frozen.schedule.outcome) == OK
+    sent = np.asarray(frozen.schedule.bytes_up)[ok]
+    assert set(np.unique(sent)) <= {LAYER_BYTES["Dense_1"], sum(LAYER_BYTES.values())}
+    assert np.any(sent == LAYER_BYTES["Dense_1"])  # somebody froze Dense_0
+    assert frozen.summary["bytes_up"] < plain.summary["bytes_up"]
+    with pytest.raises(ValueError, match="give run a system"):
+        simulate.run(DATA, MODEL, freezefl(), uniform(N, M), **COMMON)
+
+
+def test_power_of_choice_learns_from_the_record():
+    sys = system()
+    history = run(fedavg(), sys, select=power_of_choice(N, M, candidates=8))
+    s = history.schedule
+    valid = np.asarray(s.valid)
+    # Round 0: no client observed, every candidate ties; later rounds prefer high losses.
+    assert valid.any()
+    counts = np.asarray(participation_counts(s, N, successful=False))
+    assert counts.sum() == valid.sum()
+    ids = np.asarray(s.selected)[valid]
+    assert len(set(np.asarray(s.selected)[0][valid[0]].tolist())) == valid[0].sum()  # distinct
+    assert ids.min() >= 0 and ids.max() < N
