@@ -2,6 +2,7 @@
 
 from fedjax_het.sampling.dpcsm import StateSample, dpcsm, ready_fraction_score
 from fedjax_het.sampling.dpgmm import DeviceSample, dpgmm
+from fedjax_het.sampling.power_of_choice import power_of_choice
 from fedjax_het.sampling.presets import (
     DEVICE_CASES,
     DEVICE_PRESETS,
@@ -14,7 +15,6 @@ from fedjax_het.sampling.presets import (
     sample_devices,
     sample_states,
 )
-from fedjax_het.sampling.power_of_choice import power_of_choice
 from fedjax_het.sampling.uniform import uniform
 
 __all__ = [
@@ -22,8 +22,8 @@ __all__ = [
     "DEVICE_PRESETS",
     "STATE_CASES",
     "STATE_PRESETS",
-    "DeviceSample",
     "DevicePreset",
+    "DeviceSample",
     "InterplayGrid",
     "StatePreset",
     "StateSample",

@@ -54,6 +54,7 @@ import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
+
 from fedjax_het.sampling.dpcsm import StateSample, dpcsm
 from fedjax_het.sampling.dpgmm import DeviceSample, dpgmm
 

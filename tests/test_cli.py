@@ -54,8 +54,8 @@ def test_rerunning_the_written_config_reproduces_the_metrics(tiny_run, tmp_path,
     first, second = tiny_run, tmp_path / "again"
     assert cli.main(["run", str(first / "config.toml"), "--out", str(second), "--no-progress"]) == 0
     assert "final test accuracy" in capsys.readouterr().out
-    strip = lambda d: {k: v for k, v in d.items() if k != "wall_s"}  # noqa: E731
-    read = lambda p: [strip(json.loads(x)) for x in (p / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    strip = lambda d: {k: v for k, v in d.items() if k != "wall_s"}
+    read = lambda p: [strip(json.loads(x)) for x in (p / "metrics.jsonl").read_text().splitlines()]
     assert read(first) == read(second)
 
 

@@ -3,7 +3,6 @@
 import tomllib
 
 import numpy as np
-
 import pytest
 
 from fedjax_het import config, results

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from fedjax_het.sampling.dpcsm import dpcsm, ready_fraction_score
 from fedjax_het.sampling.presets import (
     DEVICE_CASES,

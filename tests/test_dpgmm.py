@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from fedjax_het.sampling.dpgmm import dpgmm
 from fedjax_het.sampling.presets import DEVICE_CASES, DEVICE_PRESETS, sample_devices
 

@@ -22,7 +22,7 @@ N, M = 12, 4
 DATA = leaf_synthetic(num_clients=N, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
 MODEL = models.mlp(DATA.example_shape, DATA.num_classes, hidden=(8,))  # Dense_0, Dense_1
 WORK = LocalWork(batch_size=5, epochs=3)
-COMMON = dict(rounds=4, eval_every=2, work=WORK, hyper={"client_lr": 0.1}, progress=False)
+COMMON = {"rounds": 4, "eval_every": 2, "work": WORK, "hyper": {"client_lr": 0.1}, "progress": False}
 LAYER_BYTES = {"Dense_0": (6 * 8 + 8) * 4, "Dense_1": (8 * 3 + 3) * 4}
 
 
@@ -71,7 +71,7 @@ def test_the_probe_trains_every_layer_then_the_mask_applies():
     sys = system()
     # One round. Probe = all the work: every layer trains, but Dense_0 is not uploaded;
     # Dense_1 is FedAvg's, since layer-wise and plain means agree where everyone trained.
-    one = dict(rounds=1, eval_every=1)
+    one = {"rounds": 1, "eval_every": 1}
     probe_all = run(forced_freezing(1, probe_share=1.0), sys, **one)
     plain = run(forced_freezing(0, probe_share=1.0), sys, **one)
     np.testing.assert_array_equal(probe_all.schedule.outcome, plain.schedule.outcome)

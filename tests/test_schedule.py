@@ -439,7 +439,7 @@ def test_schedule_rejects_bad_shapes_and_too_few_slots():
 def test_the_clock_starts_at_the_policy_start_and_traces_replay_cyclically():
     profiles, key = make_profiles(), jax.random.key(5)
     base = policies.deadline(16.0, on_late="partial", overhead=2.0)
-    at = lambda start: jax.tree.map(  # noqa: E731
+    at = lambda start: jax.tree.map(
         np.asarray, run(profiles, base.replace(start=jnp.float32(start)), key, AMONG_READY)
     )
     s0, one_cycle, shifted = at(0.0), at(1000.0), at(250.0)

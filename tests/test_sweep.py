@@ -13,7 +13,6 @@ from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampling import uniform
 from fedjax_het.sweep import sweep
 from fedjax_het.system import setup
-from fedjax_het.system.schedule import OK
 
 NUM_CLIENTS = 12
 DATA = leaf_synthetic(num_clients=NUM_CLIENTS, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
@@ -21,7 +20,7 @@ MODEL = models.logistic_regression(DATA.example_shape, DATA.num_classes)
 ALGORITHM = fedavg()
 SAMPLER = uniform(NUM_CLIENTS, 4)
 WORK = LocalWork(batch_size=5, epochs=2)
-COMMON = dict(rounds=6, work=WORK, eval_every=3, hyper={"client_lr": 0.1}, progress=False)
+COMMON = {"rounds": 6, "work": WORK, "eval_every": 3, "hyper": {"client_lr": 0.1}, "progress": False}
 
 
 def system(seed: int, *, kind: str = "deadline", dropout: float = 0.0) -> setup.System:

@@ -5,8 +5,8 @@ import types
 import matplotlib.image
 import numpy as np
 import pytest
-from fedjax_het.sampling.dpcsm import ready_fraction_score
 
+from fedjax_het.sampling.dpcsm import ready_fraction_score
 from fedjax_het.system.availability import Availability
 from fedjax_het.system.plots import (
     OUTCOME_COLORS,

@@ -12,7 +12,6 @@ import pytest
 import fedjax_het
 from fedjax_het import local, models
 from fedjax_het.algorithms import fedavg
-from fedjax_het.cohort import run_cohort
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampler import Sampler
