@@ -20,25 +20,28 @@ from the probe's end on); aggregation; and the record. The schedule rows are
 the same ``Schedule`` fields ``system.schedule`` returns, so the accounting
 and FLHetBench metrics read them unchanged.
 
-Compute cost of a frozen step: the schedule charges every local step its
-full ``step_time``. Freezing saves upload bytes here, not backward-pass time
-(FreezeFL's time model also shortens frozen steps; not modelled).
+Cost of freezing: a client at depth ``d`` uploads only the leaves it trains
+and, after its probe, pays ``step_costs[d]`` of a full step (the FLOPs XLA
+counts for the gradient of the layers still training, ``step_costs``); its
+round uses the mean step time over the probe and the frozen steps. The probe
+is simulated by training the probe steps twice (once to choose, once in the
+round's training), which costs simulation time, not virtual time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from fedjax_het import rng
 from fedjax_het.cohort import run_cohort
-from fedjax_het.local import ClientTask, DeviceSplit, local_update
+from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, local_update
 from fedjax_het.system import availability as avail
 from fedjax_het.system.policy import RoundPolicy, num_selected
 from fedjax_het.system.profiles import ClientProfiles
@@ -105,6 +108,68 @@ def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
     return sum(jax.tree.leaves(sizes))
 
 
+@struct.dataclass
+class RoundInputs:
+    """The traced inputs every online round reads.
+
+    Attributes:
+      hyper: the algorithm's hyperparameters.
+      train: the training store.
+      key: the run's root key.
+      profiles: the population's system profiles.
+      steps_needed: ``[N]`` local steps of each client's full task.
+      step_costs: ``[D]`` cost of a local step at each freeze depth relative to depth 0
+        (``step_costs``); ``[1]`` without freezing.
+    """
+
+    hyper: Hyper
+    train: DeviceSplit
+    key: PRNGKey
+    profiles: ClientProfiles
+    steps_needed: jax.Array
+    step_costs: jax.Array
+
+
+def step_costs(spec: LocalSpec, hyper: Hyper, train: DeviceSplit, masks: PyTree) -> np.ndarray:
+    """``[D]`` FLOPs of one local step at each freeze depth, over depth 0's.
+
+    XLA's cost analysis of the gradient of the local loss with respect to
+    the leaves that train at that depth: a frozen input-side layer needs no
+    weight gradient and no backward pass below it, which XLA removes. Ones
+    (no saving) where the backend reports no FLOP count.
+    """
+    broadcast = spec.model.init(jax.random.key(0))
+    leaves, treedef = jax.tree.flatten(broadcast)
+    trains = np.asarray([np.asarray(m) for m in jax.tree.leaves(masks)]) > 0  # [leaves, D]
+    batch = (
+        jnp.zeros((spec.work.batch_size, *train.x.shape[1:]), train.x.dtype),
+        jnp.zeros((spec.work.batch_size, *train.y.shape[1:]), train.y.dtype),
+        jnp.ones((spec.work.batch_size,), bool),
+    )
+
+    def flops(depth: int) -> float | None:
+        kept = [i for i in range(len(leaves)) if trains[i, depth]]
+
+        def loss(trained):
+            values = list(leaves)
+            for i, value in zip(kept, trained):
+                values[i] = value
+            params = jax.tree.unflatten(treedef, values)
+            return spec.algorithm.local_loss(
+                spec.model, params, broadcast, batch, hyper, jax.random.key(0)
+            )
+
+        analysis = jax.jit(jax.grad(loss)).lower([leaves[i] for i in kept]).compile()
+        analysis = analysis.cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, list) else analysis
+        return (analysis or {}).get("flops")
+
+    counts = [flops(d) for d in range(trains.shape[1])]
+    if any(c is None or c <= 0 for c in counts):
+        return np.ones(len(counts), np.float32)
+    return (np.asarray(counts) / counts[0]).astype(np.float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class OnlineRound:
     """A round with its schedule computed in the loop (see the module docstring).
@@ -130,13 +195,12 @@ class OnlineRound:
         )
 
     def step(
-        self, state: OnlineState, round_idx: jax.Array, hyper: Hyper, train: DeviceSplit,
-        key: PRNGKey, profiles: ClientProfiles, steps_needed: jax.Array,
+        self, state: OnlineState, round_idx: jax.Array, inputs: RoundInputs
     ) -> tuple[OnlineState, tuple[dict[str, jax.Array], Schedule]]:
         """One round: ``(state, round) -> (state, (metrics, schedule row))``."""
-        round_, policy = self.round, self.policy
+        round_, policy, profiles = self.round, self.policy, inputs.profiles
         m = round_.sampler.cohort_size
-        ids, valid = self._select(state, round_idx, key, profiles)
+        ids, valid = self._select(state, round_idx, inputs)
         valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
         broadcast = round_.algorithm.broadcast(state.run.server_state)
         full = upload_bytes(broadcast)
@@ -144,74 +208,94 @@ class OnlineRound:
         freezing = round_.algorithm.freezing
         if freezing is not None:
             masks = freezing.depth_masks(broadcast)
-            probe = jnp.ceil(freezing.probe_share * steps_needed).astype(jnp.int32)
-            depth = self._probe(state, ids, round_idx, hyper, train, key, profiles, steps_needed,
-                                probe, masks, full)
-            payload_up = payload_up.at[ids].set(upload_bytes(broadcast, masks)[depth])
+            probe = jnp.ceil(freezing.probe_share * inputs.steps_needed).astype(jnp.int32)
+            up_bytes = upload_bytes(broadcast, masks)  # [D]
+            scale = _step_scale(inputs, probe)  # [N, D]
+            fixed = full / profiles.down_mean  # [N]
+            compute = (inputs.steps_needed * profiles.step_time)[:, None] * scale  # [N, D]
+            # Expected round time of every client at every depth, at its mean speeds: [N, D].
+            seconds = fixed[:, None] + compute + up_bytes[None, :] / profiles.up_mean[:, None]
+            depth = self._depths(state, broadcast, ids, probe, seconds, round_idx, inputs)
+            payload_up = payload_up.at[ids].set(up_bytes[depth])
+            profiles = profiles.replace(
+                step_time=profiles.step_time.at[ids].multiply(scale[ids, depth])
+            )
         row, clock = schedule_round(
-            profiles, policy, round_idx=round_idx, start=state.clock, key=key, selected=ids,
-            valid=valid, steps_needed=steps_needed, payload_down=full, payload_up=payload_up,
-            cohort_size=m,
+            profiles, policy, round_idx=round_idx, start=state.clock, key=inputs.key,
+            selected=ids, valid=valid, steps_needed=inputs.steps_needed, payload_down=full,
+            payload_up=payload_up, cohort_size=m,
         )
-        _, tasks = round_.cohort(round_idx, train, key, plan=row)
+        _, tasks = round_.cohort(round_idx, inputs.train, inputs.key, plan=row)
         if freezing is not None:
             tasks = tasks.replace(
                 train_mask=jax.tree.map(lambda mask: mask[depth], masks), mask_from=probe[ids]
             )
-        run_state, stats, metrics = round_.train_cohort(state.run, ids, tasks, hyper, train)
+        run_state, stats, metrics = round_.train_cohort(
+            state.run, ids, tasks, inputs.hyper, inputs.train
+        )
         state = OnlineState(
             run_state, clock, self._soft_deadline(state.soft_deadline, row),
             _recorded(state.record, row, stats, policy.overhead),
         )
         return state, (metrics, row)
 
-    def _select(self, state, round_idx, key, profiles):
-        t0 = state.clock + self.policy.overhead
+    def _select(self, state: OnlineState, round_idx, inputs: RoundInputs):
+        profiles = inputs.profiles
         if self.policy.availability_aware:
             ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(
-                avail.queryable(profiles.availability), profiles.trace, t0
+                avail.queryable(profiles.availability), profiles.trace,
+                state.clock + self.policy.overhead,
             )
         else:
             ready = jnp.ones((profiles.num_clients,), bool)
-        select_key = rng.stream(rng.round_key(key, round_idx), "select")
+        select_key = rng.stream(rng.round_key(inputs.key, round_idx), "select")
         return self.select(select_key, round_idx, ready, state.record)
 
-    def _probe(self, state, ids, round_idx, hyper, train, key, profiles, steps_needed, probe,
-               masks, full):
-        """Each slot's freeze depth, chosen after its first ``probe`` steps (weight 0, no sums)."""
+    def _depths(self, state, broadcast, ids, probe, seconds, round_idx, inputs: RoundInputs):
+        """Each slot's freeze depth, chosen after its first ``probe`` steps (weight 0, no sums).
+
+        The probe uses the round's training keys (``simulate.Round.cohort``), so it sees
+        the same batches as the first steps of the training that follows.
+        """
         round_, freezing = self.round, self.round.algorithm.freezing
-        # Expected round time of every client at every depth: mean speeds, all steps, [N, D].
-        broadcast = round_.algorithm.broadcast(state.run.server_state)
-        fixed = full / profiles.down_mean + steps_needed * profiles.step_time
-        seconds = fixed[:, None] + upload_bytes(broadcast, masks)[None, :] / profiles.up_mean[:, None]
         train_keys = jax.vmap(rng.client_key, in_axes=(None, 0))(
-            rng.stream(rng.round_key(key, round_idx), "train"), ids
-        )  # the keys of the round's training (simulate.Round.cohort): the same batches
+            rng.stream(rng.round_key(inputs.key, round_idx), "train"), ids
+        )
         tasks = ClientTask(ids, jnp.zeros(ids.shape), probe[ids], train_keys)
 
         def probe_client(client_state, task):
-            update, _, stats = local_update(round_.spec, hyper, broadcast, client_state, task, train)
-            depth = freezing.choose(update, seconds[task.client_id], state.soft_deadline, hyper)
+            update, _, stats = local_update(
+                round_.spec, inputs.hyper, broadcast, client_state, task, inputs.train
+            )
+            depth = freezing.choose(
+                update, seconds[task.client_id], state.soft_deadline, inputs.hyper
+            )
             return update, depth.astype(jnp.int32), stats
 
         cohort_states = jax.tree.map(lambda s: s[ids], state.run.client_states)
-        _, depth, _ = run_cohort(probe_client, cohort_states, tasks, round_.algorithm.aggregator,
-                                 chunk=round_.chunk)
+        _, depth, _ = run_cohort(
+            probe_client, cohort_states, tasks, round_.algorithm.aggregator, chunk=round_.chunk
+        )
         return depth
 
     def _soft_deadline(self, old: jax.Array, row: Schedule) -> jax.Array:
         ok = row.outcome == OK
         mean = jnp.sum(jnp.where(ok, row.finish, 0)) / jnp.maximum(jnp.sum(ok), 1)
         observed = mean - self.policy.overhead
-        new = jnp.where(jnp.isnan(old), observed, self.soft_deadline_ema * old
-                        + (1 - self.soft_deadline_ema) * observed)
+        ema = self.soft_deadline_ema
+        new = jnp.where(jnp.isnan(old), observed, ema * old + (1 - ema) * observed)
         return jnp.where(jnp.any(ok), new, old).astype(jnp.float32)
 
-    def run_block(self, state, round_ids, hyper, train, key, profiles, steps_needed):
+    def run_block(self, state: OnlineState, round_ids: jax.Array, inputs: RoundInputs):
         """The rounds ``round_ids`` as one ``lax.scan``; outputs (metrics, schedule rows)."""
-        step = functools.partial(self.step, hyper=hyper, train=train, key=key,
-                                 profiles=profiles, steps_needed=steps_needed)
-        return jax.lax.scan(lambda s, r: step(s, r), state, round_ids)
+        return jax.lax.scan(lambda s, r: self.step(s, r, inputs), state, round_ids)
+
+
+def _step_scale(inputs: RoundInputs, probe: jax.Array) -> jax.Array:
+    """``[N, D]`` mean step time at each depth over depth 0's: probe steps at full cost."""
+    needed = jnp.maximum(inputs.steps_needed, 1)[:, None]
+    probed = jnp.minimum(probe, inputs.steps_needed)[:, None]
+    return (probed + (needed - probed) * inputs.step_costs[None, :]) / needed
 
 
 def _recorded(record: ClientRecord, row: Schedule, stats, overhead) -> ClientRecord:

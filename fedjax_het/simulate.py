@@ -590,7 +590,15 @@ def _run_online(
         among_ready = scheduling.select_among_ready(data.num_clients, slots)
         select = lambda key, round_idx, ready, record: among_ready(key, round_idx, ready)
     program = online.OnlineRound(setup.round, system.policy, select, slots)
-    steps = jnp.asarray(steps_needed(spec, data.train.count))
+    costs = np.ones(1, np.float32)
+    freezing = setup.round.algorithm.freezing
+    if freezing is not None:
+        masks = freezing.depth_masks(setup.round.model.init(rng.stream(key, "init")))
+        costs = online.step_costs(spec, setup.hyper, setup.train, masks)
+    inputs = online.RoundInputs(
+        setup.hyper, setup.train, key, system.profiles,
+        jnp.asarray(steps_needed(spec, data.train.count)), jnp.asarray(costs),
+    )
     block_fn = jax.jit(program.run_block)
     _, evaluate_ = setup.programs(key)
     rows: list[Schedule] = []
@@ -607,9 +615,7 @@ def _run_online(
 
     state, ev, compile_s = train_loop(
         program.init(setup.init(key), data.num_clients), rounds=rounds, eval_every=eval_every,
-        block=lambda state, ids, _: block_fn(
-            state, ids, setup.hyper, setup.train, key, system.profiles, steps
-        ),
+        block=lambda state, ids, _: block_fn(state, ids, inputs),
         evaluate=lambda state: evaluate_(state.run), plans=None, on_eval=record,
         progress=progress,
     )

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import models, simulate
+from fedjax_het import models, online, simulate
 from fedjax_het.algorithm import Freezing, masked_mean
 from fedjax_het.algorithms import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks, freeze_objective, freezefl
@@ -136,3 +136,17 @@ def test_power_of_choice_learns_from_the_record():
     ids = np.asarray(s.selected)[valid]
     assert len(set(np.asarray(s.selected)[0][valid[0]].tolist())) == valid[0].sum()  # distinct
     assert ids.min() >= 0 and ids.max() < N
+
+
+def test_frozen_steps_cost_what_xla_counts_for_the_layers_still_training():
+    spec = simulate.local_spec(MODEL, fedavg(), DATA, WORK)
+    masks = depth_masks(MODEL.init(jax.random.key(0)))
+    costs = online.step_costs(spec, fedavg().hyper(), simulate.device_split(DATA.train), masks)
+    assert costs[0] == 1.0 and 0 < costs[1] < 1  # Dense_0's gradient and backward are gone
+    # A wait_all round of always-ready clients with free transfers lasts the slowest step total.
+    profiles = setup.profiles_from_options(N, step_time=0.5, bandwidth=1e12)
+    sys = setup.System(profiles, setup.policy_from_options(kind="wait_all"))
+    frozen = run(forced_freezing(1, probe_share=0.0), sys, rounds=1, eval_every=1)
+    row = jax.tree.map(lambda a: np.asarray(a)[0], frozen.schedule)
+    steps = simulate.steps_needed(spec, DATA.train.count)[row.selected]
+    np.testing.assert_allclose(row.duration, (steps * 0.5 * costs[1]).max(), rtol=1e-4)
