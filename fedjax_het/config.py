@@ -43,6 +43,10 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     kind = "deadline"
     deadline = 120.0
 
+    [selection]         # optional, with a system: a registered selection that learns
+    name = "power_of_choice"
+    candidates = 20
+
 Every key is checked against the signature of the function it feeds, before
 anything is built or compiled: an unknown key, a value of the wrong type or an
 impossible value raises :class:`ConfigError` naming the key and what is
@@ -69,6 +73,7 @@ from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.sampler import Sampler
 from fedjax_het.system import setup
+from fedjax_het.system.policy import num_selected
 
 
 class ConfigError(ValueError):
@@ -89,6 +94,7 @@ DEFAULTS: dict[str, Any] = {
     "engine": {"chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024},
     "system": {},
     "policy": {},
+    "selection": {},
 }
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
 ENGINE = {"chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int}
@@ -106,6 +112,7 @@ class Experiment:
     hyper: dict[str, float]
     config: dict[str, Any]
     system: setup.System | None = None
+    select: Callable | None = None
 
     def run_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`fedjax_het.simulate.run` this config asks for."""
@@ -121,6 +128,7 @@ class Experiment:
             "weighting": engine["weighting"],
             "eval_batch_size": engine["eval_batch_size"],
             "system": self.system,
+            "select": self.select,
         }
 
 
@@ -231,7 +239,30 @@ def build(config: Mapping[str, Any]) -> Experiment:
     model = _guarded("model", lambda: model_factory(data.example_shape, data.num_classes, **model_args))
     sampler = _guarded("sampler", lambda: sampler_factory(data.num_clients, cohort))
     system = _system(config, data.num_clients)
-    return Experiment(data, model, algorithm, sampler, work, hyper, config, system)
+    if algorithm.freezing is not None and system is None:
+        raise ConfigError(
+            f"algorithm {algorithm.name!r} freezes layers by device timing: it needs a [system] "
+            "(and [policy]) table"
+        )
+    select = _selection(config, system, data.num_clients, cohort)
+    return Experiment(data, model, algorithm, sampler, work, hyper, config, system, select)
+
+
+def _selection(config: dict[str, Any], system, num_clients: int, cohort: int) -> Callable | None:
+    """The optional [selection] table: a learned selection over the policy's slots."""
+    table = dict(config.get("selection") or {})
+    if not table:
+        config.pop("selection", None)
+        return None
+    if system is None:
+        raise ConfigError("selection needs a [system] (and [policy]): it selects among devices")
+    name = table.pop("name", None)
+    factory = _registered("selection", name)
+    skip = ("num_clients", "num_slots")
+    args = _arguments("selection", factory, table, skip)
+    config["selection"] = {"name": name, **_resolved(args, factory, skip)}
+    slots = min(int(num_selected(cohort, system.policy.over_commit)), num_clients)
+    return _guarded("selection", lambda: factory(num_clients, slots, **args))
 
 
 def _system(config: dict[str, Any], num_clients: int) -> setup.System | None:

@@ -3,7 +3,9 @@
 The engine never imports ``fedjax_het.algorithms`` or ``fedjax_het.sampling``
 (DESIGN.md §1): they announce their factories as package entry points
 (groups ``fedjax_het.algorithms``, ``fedjax_het.samplers``,
-``fedjax_het.device_samplers`` and ``fedjax_het.state_samplers`` in ``pyproject.toml``), and third-party packages can add their own the same way.
+``fedjax_het.device_samplers``, ``fedjax_het.state_samplers`` and
+``fedjax_het.selections`` in ``pyproject.toml``), and third-party packages
+can add their own the same way.
 ``register`` adds one for the current process, e.g. from a notebook.
 """
 
@@ -18,6 +20,7 @@ GROUPS = {
     "sampler": "fedjax_het.samplers",
     "device_sampler": "fedjax_het.device_samplers",  # (speeds, *, num_clients, level, seed) -> rows
     "state_sampler": "fedjax_het.state_samplers",  # (trace scores, *, ...) -> trace rows
+    "selection": "fedjax_het.selections",  # (num_clients, num_slots, **options) -> LearnedSelect
 }
 _registered: dict[str, dict[str, Callable]] = {kind: {} for kind in GROUPS}
 

@@ -143,6 +143,14 @@ def test_system_and_policy_tables():
     assert build().system is None and "system" not in build().config
 
 
+def test_selection_table_builds_a_learned_selection():
+    experiment = build("policy.kind=wait_all", 'selection.name="power_of_choice"',
+                       "selection.candidates=4")
+    assert experiment.run_kwargs()["select"] is experiment.select is not None
+    assert experiment.config["selection"] == {"name": "power_of_choice", "candidates": 4}
+    assert build().select is None and "selection" not in build().config
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -152,6 +160,14 @@ def test_system_and_policy_tables():
         (["system.dropout=2.0"], "system.dropout is a probability in [0, 1]"),
         (["system.devices=phones"], "system.devices must be one of uniform, lognormal, flash"),
         (["system.speed=3.0"], "unknown key 'system.speed'"),
+        (["policy.start=-1.0"], "start must be >= 0 seconds"),
+        (['selection.name="power_of_choice"', "selection.candidates=4"],
+         "selection needs a [system]"),
+        (["policy.kind=wait_all", 'selection.name="power_of_choice"', "selection.candidates=1"],
+         "need 1 <= num_slots <= candidates"),
+        (["policy.kind=wait_all", 'selection.name="power_of_choice"', "selection.k=1"],
+         "unknown key 'selection.k'"),
+        (['algorithm.name="freezefl"'], "it needs a [system]"),
     ],
 )
 def test_system_errors(overrides, message):
