@@ -17,7 +17,8 @@ Two round policies, each a grid of 16 cells run by ``fedjax_het.sweep.sweep`` as
 ``vmap``-ed program: a ``--deadline`` (late work dropped) and readiness ``r = 0.2`` (the round
 ends at the 80th percentile of finish times; the slowest clients are stragglers left out).
 
-Per cell: final test accuracy, rounds and virtual hours to ``--target`` accuracy, the share of
+Per cell: final test accuracy, the 10th percentile and standard deviation of per-client test
+accuracy (HDFL's good-intent fairness), rounds and virtual hours to ``--target`` accuracy, the share of
 selected clients whose work was lost, participation Gini and clients never aggregated, and
 InterMC-R (FLHetBench Eq. 1) at this workload: cohort 10, the run's deadline, overhead and
 start, the model's payload and every client's local steps, 1,000 rounds.
@@ -84,6 +85,8 @@ def cell_row(history: simulate.History, args: argparse.Namespace) -> dict[str, A
     hit = history.summary["to_accuracy"].get(f"{args.target:g}")
     return {
         "final_accuracy": history.summary["final_test_accuracy"],
+        "client_accuracy_p10": history.summary["client_accuracy_p10"],
+        "client_accuracy_std": history.summary["client_accuracy_std"],
         "rounds_to_target": None if hit is None else hit["round"],
         "hours_to_target": None if hit is None else hit["virtual_s"] / 3600,
         "virtual_hours": history.summary["virtual_s"] / 3600,
@@ -140,6 +143,8 @@ def main(args: argparse.Namespace) -> None:
 
 TABLE_FIELDS = (
     ("final_accuracy", "final acc", "{:.3f}"),
+    ("client_accuracy_p10", "client acc p10", "{:.3f}"),
+    ("client_accuracy_std", "client acc std", "{:.3f}"),
     ("rounds_to_target", "rounds to target", "{}"),
     ("hours_to_target", "virtual h to target", "{:.1f}"),
     ("lost_share", "lost share", "{:.2f}"),
@@ -174,7 +179,8 @@ def report(out: Path) -> None:
             line += (f"; sequential: {timing['sequential_wall_s']:.0f} s "
                      f"({timing['sequential_wall_s'] / timing['batched_wall_s']:.2f}x)")
         print(line)
-    panels = ("final_accuracy", "hours_to_target", "participation_gini", "inter_mc_r")
+    panels = ("final_accuracy", "client_accuracy_p10", "participation_gini", "mean_round_s",
+              "inter_mc_r")
     fig, axes = plt.subplots(len(names), len(panels), figsize=(4 * len(panels), 3.6 * len(names)),
                              squeeze=False)
     for i, name in enumerate(names):
