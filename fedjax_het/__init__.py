@@ -5,6 +5,7 @@ from fedjax_het.algorithm import Aggregator, FederatedAlgorithm, weighted_mean
 from fedjax_het.data import FederatedData, LocalWork
 from fedjax_het.sampler import Sampler
 from fedjax_het.simulate import History, run
+from fedjax_het.sweep import sweep
 
 __all__ = [
     "Aggregator",
@@ -17,6 +18,7 @@ __all__ = [
     "models",
     "registry",
     "run",
+    "sweep",
     "weighted_mean",
 ]
 __version__ = "0.1.0"

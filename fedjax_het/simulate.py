@@ -584,11 +584,14 @@ def _run_online(
 ) -> tuple[RunState, Any, float, Schedule]:
     """``run``'s loop with the schedule computed in the loop; returns the rows it produced."""
     data, spec = setup.data, setup.round.spec
-    slots = min(int(num_selected(setup.round.sampler.cohort_size, system.policy.over_commit)),
-                data.num_clients)
-    if select is None:
-        among_ready = scheduling.select_among_ready(data.num_clients, slots)
-        select = lambda key, round_idx, ready, record: among_ready(key, round_idx, ready)
+    sampler = setup.round.sampler
+    slots = _slots(system, sampler, data.num_clients)
+    if select is None:  # as plan_run selects, so that a run and its online twin agree
+        plain = scheduling.as_select_fn(
+            sampler if slots is None else scheduling.select_among_ready(data.num_clients, slots)
+        )
+        select = lambda key, round_idx, ready, record: plain(key, round_idx, ready)
+    slots = sampler.cohort_size if slots is None else slots
     program = online.OnlineRound(setup.round, system.policy, select, slots)
     costs = np.ones(1, np.float32)
     freezing = setup.round.algorithm.freezing

@@ -97,6 +97,16 @@ def test_the_in_loop_schedule_is_the_precomputed_one():
     for got, want in zip(jax.tree.leaves(online.params), jax.tree.leaves(offline.params)):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert online.summary["virtual_s"] == offline.summary["virtual_s"]
+    # Always-available clients: with no select given, the online loop selects with the sampler,
+    # as the precomputed plan does; freezing nothing (depth 0) changes nothing.
+    always = setup.System(setup.profiles_from_options(N, devices="lognormal", bandwidth=1e3),
+                          setup.policy_from_options())
+    frozen_nothing = run(forced_freezing(0, probe_share=0.5), always)
+    plain = run(fedavg(aggregator=masked_mean()), always)
+    for got, want in zip(jax.tree.leaves(frozen_nothing.schedule), jax.tree.leaves(plain.schedule)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(jax.tree.leaves(frozen_nothing.params), jax.tree.leaves(plain.params)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_freeze_objective_by_hand():
