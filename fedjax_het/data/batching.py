@@ -22,12 +22,12 @@ class LocalWork:
 
     Give ``epochs`` (passes over the client's own data; a client of ``n``
     examples works ``ceil(epochs * n / batch_size)`` steps) or ``steps`` (the
-    same number of full batches for everyone). ``max_steps`` caps the work and
+    same number of full batches for everyone); neither means one epoch. ``max_steps`` caps the work and
     fixes the static scan length; by default it is the largest client's need.
 
     Attributes:
       batch_size: examples per local step.
-      epochs: local epochs, or None when ``steps`` is given.
+      epochs: local epochs (None: 1 unless ``steps`` is given).
       steps: local steps, or None when ``epochs`` is given.
       max_steps: static cap on steps (None: derived from the largest client).
       shuffle: True draws epochs as fresh permutations of the client's rows
@@ -36,7 +36,7 @@ class LocalWork:
     """
 
     batch_size: int
-    epochs: float | None = 1.0
+    epochs: float | None = None
     steps: int | None = None
     max_steps: int | None = None
     shuffle: bool = True
@@ -44,8 +44,10 @@ class LocalWork:
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if (self.epochs is None) == (self.steps is None):
-            raise ValueError("give exactly one of epochs and steps")
+        if self.epochs is not None and self.steps is not None:
+            raise ValueError("give epochs or steps, not both")
+        if self.epochs is None and self.steps is None:
+            object.__setattr__(self, "epochs", 1.0)
         if self.epochs is not None and not self.epochs > 0:
             raise ValueError(f"epochs must be > 0, got {self.epochs}")
         if self.steps is not None and self.steps < 1:
