@@ -50,7 +50,8 @@ def run_one(exp, algorithm, system, seed: int, args) -> dict[str, Any]:
     kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed", "work")}
     history = simulate.run(
         exp.data, exp.model, algorithm, exp.sampler, system=system, seed=seed,
-        work=LocalWork(batch_size=exp.work.batch_size, epochs=EPOCHS), progress=True, **kwargs,
+        work=LocalWork(batch_size=exp.work.batch_size, epochs=EPOCHS), progress=True,
+        targets=(args.target,), **kwargs,
     )
     s = jax.device_get(history.schedule)
     ok = np.asarray(s.outcome) == OK
