@@ -47,11 +47,12 @@ EPOCHS = 3
 
 
 def run_one(exp, algorithm, system, seed: int, args) -> dict[str, Any]:
-    kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed", "work")}
+    kwargs = {k: v for k, v in exp.run_kwargs().items()
+              if k not in ("system", "seed", "work", "eval_every")}
     history = simulate.run(
         exp.data, exp.model, algorithm, exp.sampler, system=system, seed=seed,
         work=LocalWork(batch_size=exp.work.batch_size, epochs=EPOCHS), progress=True,
-        targets=(args.target,), **kwargs,
+        targets=(args.target,), eval_every=args.eval_every, **kwargs,
     )
     s = jax.device_get(history.schedule)
     ok = np.asarray(s.outcome) == OK
@@ -68,6 +69,7 @@ def run_one(exp, algorithm, system, seed: int, args) -> dict[str, Any]:
         "final_accuracy": history.summary["final_test_accuracy"],
         "best_accuracy": history.summary["best_test_accuracy"],
         "mean_round_s": float(np.mean(s.duration)),
+        "rounds_to_target": None if hit is None else hit["round"],
         "hours_to_target": None if hit is None else hit["virtual_s"] / 3600,
         "bytes_up": history.summary["bytes_up"],
         "depth_share": share,
@@ -98,15 +100,16 @@ def main(args) -> None:
 def report(out: Path) -> None:
     """Prints the per-run table and the means per algorithm."""
     record = json.loads((out / "results.json").read_text())
-    print("| algorithm | beta | seed | final acc | best acc | mean round s | h to target "
-          "| MB up | updates at depth 0/1/2 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| algorithm | beta | seed | final acc | best acc | mean round s | rounds to target "
+          "| h to target | MB up | updates at depth 0/1/2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in record["runs"]:
         beta = r["hyper"].get("beta", "-")
         hours = "-" if r["hours_to_target"] is None else f"{r['hours_to_target']:.2f}"
         shares = "/".join(f"{x:.2f}" for x in r["depth_share"])
         print(f"| {r['algorithm']} | {beta} | {r['seed']} | {r['final_accuracy']:.3f} "
-              f"| {r['best_accuracy']:.3f} | {r['mean_round_s']:.1f} | {hours} "
+              f"| {r['best_accuracy']:.3f} | {r['mean_round_s']:.1f} "
+              f"| {r.get('rounds_to_target') or '-'} | {hours} "
               f"| {r['bytes_up'] / 1e6:.0f} | {shares} |")
     base = [r["mean_round_s"] for r in record["runs"] if r["algorithm"] == "fedavg"]
     for beta in sorted({r["hyper"].get("beta") for r in record["runs"]} - {None}):
@@ -124,6 +127,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.3, help="median device, s/step")
     parser.add_argument("--overhead", type=float, default=5.0)
     parser.add_argument("--target", type=float, default=0.75)
+    parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--report", action="store_true")
     return parser.parse_args(argv)
