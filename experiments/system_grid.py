@@ -94,6 +94,7 @@ def cell_row(history: simulate.History, args: argparse.Namespace) -> dict[str, A
         "lost_share": float(np.sum(valid & (np.asarray(s.outcome) != OK)) / max(valid.sum(), 1)),
         "participation_gini": history.summary["participation_gini"],
         "never_aggregated": history.summary["clients_never_participated"],
+        "to_accuracy": history.summary["to_accuracy"],
         "curve": [[e["round"], e["test_accuracy"]] for e in history.metrics],
     }
 
@@ -112,7 +113,7 @@ def main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     exp = config_lib.build(config_lib.load(None, [f"rounds={args.rounds}"]))
-    kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed")}
+    kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed", "select")}
     spec = simulate.local_spec(exp.model, exp.algorithm, exp.data, exp.work)
     steps = simulate.steps_needed(spec, exp.data.train.count)
     shapes = jax.eval_shape(exp.model.init, jax.random.key(0))
@@ -123,7 +124,8 @@ def main(args: argparse.Namespace) -> None:
         grid = systems(exp.data.num_clients, args, policy)
         t0 = time.perf_counter()
         cells = sweep(exp.data, exp.model, exp.algorithm, exp.sampler, systems=grid,
-                      seeds=(args.seed,), progress=True, **kwargs)
+                      seeds=(args.seed,), progress=True, targets=(0.7, 0.75, 0.8, args.target),
+                      **kwargs)
         batched_s = time.perf_counter() - t0
         rows = [cell_row(h, args) for h in cells]
         for row, system in zip(rows, grid):
@@ -210,7 +212,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--deadline", type=float, default=20.0, help="seconds after overhead")
     parser.add_argument("--overhead", type=float, default=5.0)
     parser.add_argument("--start", type=float, default=86_400.0, help="trace time of round 0")
-    parser.add_argument("--target", type=float, default=0.7)
+    parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--no-sequential", dest="sequential", action="store_false",
                         help="skip the 16 one-after-another runs")
     parser.add_argument("--out", default=str(OUT))
