@@ -46,6 +46,7 @@ import numpy as np
 from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
 from fedjax_het import simulate
+from fedjax_het.online import upload_bytes
 from fedjax_het.sweep import sweep
 from fedjax_het.system import flhetbench, setup
 from fedjax_het.system.schedule import OK
@@ -117,7 +118,7 @@ def main(args: argparse.Namespace) -> None:
     spec = simulate.local_spec(exp.model, exp.algorithm, exp.data, exp.work)
     steps = simulate.steps_needed(spec, exp.data.train.count)
     shapes = jax.eval_shape(exp.model.init, jax.random.key(0))
-    payload = float(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes)))
+    payload = float(upload_bytes(shapes))
     args.clients_per_round = exp.sampler.cohort_size
     record: dict[str, Any] = {"args": vars(args), "environment": run_results.environment()}
     for name, policy in policies(args).items():

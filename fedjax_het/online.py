@@ -177,15 +177,14 @@ class OnlineRound:
     Attributes:
       round: the ``simulate.Round`` (model, algorithm, local work, chunk).
       policy: the round policy.
-      select: the learned selection (``LearnedSelect``).
-      num_slots: ids ``select`` returns; at least ``ceil(m * (1 + over_commit))``.
+      select: the learned selection (``LearnedSelect``); it returns at least
+        ``ceil(m * (1 + over_commit))`` ids.
       soft_deadline_ema: weight of the old value in ``OnlineState.soft_deadline``.
     """
 
     round: Round
     policy: RoundPolicy
     select: LearnedSelect
-    num_slots: int
     soft_deadline_ema: float = 0.5
 
     def init(self, run_state: RunState, num_clients: int) -> OnlineState:
@@ -258,9 +257,7 @@ class OnlineRound:
         the same batches as the first steps of the training that follows.
         """
         round_, freezing = self.round, self.round.algorithm.freezing
-        train_keys = jax.vmap(rng.client_key, in_axes=(None, 0))(
-            rng.stream(rng.round_key(inputs.key, round_idx), "train"), ids
-        )
+        train_keys = rng.client_keys(inputs.key, round_idx, "train", ids)
         tasks = ClientTask(ids, jnp.zeros(ids.shape), probe[ids], train_keys)
 
         def probe_client(client_state, task):

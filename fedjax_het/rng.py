@@ -29,3 +29,9 @@ def round_key(key: PRNGKey, round_idx: jax.Array) -> PRNGKey:
 
 def client_key(key: PRNGKey, client_id: jax.Array) -> PRNGKey:
     return jax.random.fold_in(key, client_id)
+
+
+def client_keys(key: PRNGKey, round_idx: jax.Array, name: str, ids: jax.Array) -> PRNGKey:
+    """``[S]`` keys ``fold_in(stream(fold_in(key, round_idx), name), id)`` of clients ``ids``."""
+    stream_key = stream(round_key(key, round_idx), name)
+    return jax.vmap(client_key, in_axes=(None, 0))(stream_key, ids)

@@ -75,9 +75,8 @@ class Round:
         slot trains its ``steps_done`` steps and counts only when its outcome
         is OK (others get weight 0 and no steps).
         """
-        key = rng.round_key(key, round_idx)
         if plan is None:
-            ids = self.sampler.select(rng.stream(key, "select"), round_idx)
+            ids = self.sampler.select(rng.stream(rng.round_key(key, round_idx), "select"), round_idx)
             counts = jnp.ones(ids.shape, bool)
             step_limit = jnp.full(ids.shape, NO_STEP_LIMIT, jnp.int32)
         else:
@@ -90,7 +89,7 @@ class Round:
             client_id=ids,
             weight=jnp.where(counts, weight, 0.0),
             step_limit=step_limit,
-            key=jax.vmap(rng.client_key, in_axes=(None, 0))(rng.stream(key, "train"), ids),
+            key=rng.client_keys(key, round_idx, "train", ids),
         )
         return ids, tasks
 
@@ -227,7 +226,7 @@ def plan_runs(
                 f"has {data.num_clients}"
             )
     shapes = jax.eval_shape(spec.model.init, keys[0])
-    payload = float(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes)))
+    payload = float(online.upload_bytes(shapes))
     m = sampler.cohort_size
     selectors = {_slots(system, sampler, data.num_clients) for system in systems}
     if len(selectors) > 1:
@@ -591,8 +590,7 @@ def _run_online(
             sampler if slots is None else scheduling.select_among_ready(data.num_clients, slots)
         )
         select = lambda key, round_idx, ready, record: plain(key, round_idx, ready)
-    slots = sampler.cohort_size if slots is None else slots
-    program = online.OnlineRound(setup.round, system.policy, select, slots)
+    program = online.OnlineRound(setup.round, system.policy, select)
     costs = np.ones(1, np.float32)
     freezing = setup.round.algorithm.freezing
     if freezing is not None:
