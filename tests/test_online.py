@@ -160,3 +160,16 @@ def test_frozen_steps_cost_what_xla_counts_for_the_layers_still_training():
     row = jax.tree.map(lambda a: np.asarray(a)[0], frozen.schedule)
     steps = simulate.steps_needed(spec, DATA.train.count)[row.selected]
     np.testing.assert_allclose(row.duration, (steps * 0.5 * costs[1]).max(), rtol=1e-4)
+
+
+def test_power_of_choice_takes_the_highest_losses_among_ready_candidates():
+    record = online.ClientRecord.empty(6).replace(
+        loss=jnp.array([0.1, 5.0, jnp.nan, 3.0, 9.0, 0.4])
+    )
+    ready = jnp.array([True, True, True, True, False, True])  # client 4: highest loss, not ready
+    ids, valid = power_of_choice(6, 3, candidates=6)(jax.random.key(1), 0, ready, record)
+    # Never observed (2) first, then by loss among the ready: 1 (5.0), 3 (3.0).
+    assert ids.tolist() == [2, 1, 3] and valid.all()
+    few = jnp.zeros(6, bool).at[0].set(True)
+    ids, valid = power_of_choice(6, 3, candidates=4)(jax.random.key(1), 0, few, record)
+    assert ids[0] == 0 and valid.tolist() == [True, False, False]
