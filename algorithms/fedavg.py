@@ -30,7 +30,10 @@ from fedjax_het.algorithm import (
     Aggregator,
     FederatedAlgorithm,
     Freezing,
+    Interval,
+    delta_update,
     model_loss,
+    start_from_broadcast,
     weighted_mean,
 )
 from fedjax_het.algorithms import optimizers
@@ -53,7 +56,12 @@ def fedavg(
     local_loss: Callable[..., jax.Array] = model_loss,
     aggregator: Aggregator | None = None,
     extra_hyper: tuple[tuple[str, float], ...] = (),
+    hyper_ranges: tuple[tuple[str, Interval], ...] = (),
     freezing: Freezing | None = None,
+    client_init: Callable[[Params], PyTree] = lambda params: (),
+    client_start: Callable[..., tuple[Params, PyTree]] = start_from_broadcast,
+    client_finalize: Callable[..., tuple[PyTree, PyTree]] = delta_update,
+    personal_params: Callable[[ServerState, PyTree], Params] | None = None,
     name: str = "fedavg",
 ) -> FederatedAlgorithm:
     """FedAvg with pluggable client and server optimizers, local objective and aggregation.
@@ -67,7 +75,11 @@ def fedavg(
       aggregator: how client updates combine; default the weighted mean.
       extra_hyper: ``((name, default), ...)`` traced hyperparameters that
         ``local_loss``, ``aggregator`` or ``freezing`` read.
+      hyper_ranges: ``((name, Interval), ...)`` allowed values of those hyperparameters.
       freezing: per-client freezing chosen in the round (FreezeFL), or None.
+      client_init, client_start, client_finalize, personal_params: the client-side
+        hooks of ``FederatedAlgorithm`` (defaults: no client state, start from the
+        global model, send ``start - params``, no personal model).
       name: registry name reported in logs.
 
     Returns:
@@ -77,12 +89,9 @@ def fedavg(
     client_optimizer = client_optimizer or optimizers.sgd("client", lr=0.05)
     server_optimizer = server_optimizer or optimizers.sgd("server", lr=1.0)
 
-    def server_init(params: Params, hyper: Hyper) -> ServerState:
+    def server_init(params: Params, hyper: Hyper, num_clients: int) -> ServerState:
+        del num_clients
         return ServerState(params, server_optimizer.build(hyper).init(params))
-
-    def client_finalize(broadcast, local_params, client_state, hyper):
-        del hyper
-        return jax.tree.map(lambda g, l: g - l, broadcast, local_params), client_state
 
     def server_update(state: ServerState, pseudo_gradient, hyper: Hyper) -> ServerState:
         updates, opt_state = server_optimizer.build(hyper).update(
@@ -97,14 +106,17 @@ def fedavg(
         ),
         server_init=server_init,
         broadcast=lambda state: state.params,
-        client_init=lambda params: (),
+        client_init=client_init,
+        client_start=client_start,
         client_optimizer=client_optimizer.build,
         local_loss=local_loss,
         client_finalize=client_finalize,
         aggregator=aggregator or weighted_mean(),
         server_update=server_update,
         global_params=lambda state: state.params,
+        personal_params=personal_params,
         freezing=freezing,
+        hyper_ranges=hyper_ranges,
     )
 
 

@@ -21,20 +21,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import FederatedAlgorithm, model_loss
+from fedjax_het.algorithm import NON_NEGATIVE, FederatedAlgorithm, LocalContext, model_loss
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, Hyper, Params, PRNGKey
 
 
+def squared_distance(a: Params, b: Params) -> jax.Array:
+    """``||a - b||^2`` over every leaf."""
+    return sum(jax.tree.leaves(jax.tree.map(lambda x, y: jnp.sum(jnp.square(x - y)), a, b)))
+
+
 def proximal_loss(
-    model: Model, params: Params, broadcast: Params, batch: Batch, hyper: Hyper, key: PRNGKey
+    model: Model, params: Params, batch: Batch, ctx: LocalContext, hyper: Hyper, key: PRNGKey
 ) -> jax.Array:
-    """The model's loss plus ``prox_mu / 2 * ||params - broadcast||^2`` (Eq. 2)."""
-    squares = jax.tree.map(lambda p, b: jnp.sum(jnp.square(p - b)), params, broadcast)
-    distance = sum(jax.tree.leaves(squares))
-    return model_loss(model, params, broadcast, batch, hyper, key) + hyper["prox_mu"] / 2 * distance
+    """The model's loss plus ``prox_mu / 2 * ||params - w_t||^2`` (Eq. 2), ``w_t`` the start."""
+    distance = squared_distance(params, ctx.start)
+    return model_loss(model, params, batch, ctx, hyper, key) + hyper["prox_mu"] / 2 * distance
 
 
 def fedprox(*, mu: float = 0.01, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlgorithm:
@@ -46,5 +50,6 @@ def fedprox(*, mu: float = 0.01, client_lr: float = 0.05, server_lr: float = 1.0
         server_optimizer=optimizers.sgd("server", lr=server_lr),
         local_loss=proximal_loss,
         extra_hyper=(("prox_mu", float(mu)),),
+        hyper_ranges=(("prox_mu", NON_NEGATIVE),),
         name="fedprox",
     )

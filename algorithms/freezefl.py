@@ -41,7 +41,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import FederatedAlgorithm, Freezing, masked_mean
+from fedjax_het.algorithm import NON_NEGATIVE, FederatedAlgorithm, Freezing, masked_mean
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.typing import Hyper, Params, PyTree, Update
@@ -96,6 +96,7 @@ def freezefl(
         server_optimizer=optimizers.sgd("server", lr=server_lr),
         aggregator=masked_mean(),
         extra_hyper=(("beta", float(beta)),),
+        hyper_ranges=(("beta", NON_NEGATIVE),),
         freezing=Freezing(probe_share=1.0 / epochs, depth_masks=depth_masks, choose=choose_depth),
         name="freezefl",
     )

@@ -5,7 +5,7 @@ local epoch of SGD, example-weighted mean, server step 1) is timed three ways,
 in one process, on the same model, data, initial params, selected clients and
 batch indices (DESIGN.md §9):
 
-* ``engine``: ``simulate.Round.step`` jitted as one program: in-jit sampling and
+* ``engine``: ``round.Round.step`` jitted as one program: in-jit sampling and
   batching, gather, chunked local training with masks, aggregation, server
   update. Chunk from ``cohort.auto_chunk`` unless ``--chunk`` says.
 * ``loop``: what per-client simulators do. One jitted call draws the cohort and
@@ -68,8 +68,8 @@ from fedjax_het.cohort import auto_chunk
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.local import DeviceSplit, LocalSpec, client_batches
+from fedjax_het.round import Round, RunState, device_split, init_state
 from fedjax_het.sampling import uniform
-from fedjax_het.simulate import Round, RunState, device_split, init_state
 from fedjax_het.typing import Hyper, Params
 
 GATE_TOLERANCE = 5e-3

@@ -1,26 +1,39 @@
-"""The interface every federated algorithm implements (DESIGN.md §5).
+"""The interface every federated algorithm implements (DESIGN.md §5); its one home.
 
 An algorithm is a frozen dataclass of pure functions built by a factory that
 takes its structural options (optax's ``GradientTransformation`` pattern).
 Numbers a sweep may vary are not closed over: they arrive as the traced
-``hyper`` dict, whose names and defaults the algorithm declares.
+``hyper`` dict, whose names and defaults the algorithm declares. The engine
+never asks an algorithm its name: everything it does differently goes
+through these functions.
 
 One round, for the clients of a cohort::
 
-    payload = broadcast(server_state)
-    # per client, in local.py: optimise local_loss from payload with client_optimizer(hyper)
-    update, client_state = client_finalize(payload, local_params, client_state, hyper)
+    payload = broadcast(server_state)          # params, and whatever else clients need
+    # per client k (local.py), with its persistent client_state_k:
+    start, state = client_start(model, payload, client_state_k, batches_k, hyper, key)
+    ctx = LocalContext(payload, start, state, step, num_steps)
+    params = start; for each step s < num_steps:
+        params -= client_optimizer(hyper) applied to grad of local_loss(model, params, batch_s, ctx, hyper, key)
+    update_k, client_state_k = client_finalize(params, ctx, hyper)
     # cohort.py: sums = Σ_k aggregator.contribute(update_k, weight_k, stats_k)
     server_state = server_update(server_state, aggregator.finalize(sums), hyper)
+
+``client_state_k`` is kept only when the client's update counted (weight >
+0): a client that failed, was late or was not selected keeps its state.
+Client states are stored ``[num_clients, ...]`` on the device or on the host
+(``fedjax_het.client_store``); only the cohort's rows enter a round.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
@@ -117,13 +130,64 @@ def masked_mean() -> Aggregator:
     return Aggregator(contribute, finalize)
 
 
+@struct.dataclass
+class LocalContext:
+    """What a client's local objective and finalisation may read besides its params.
+
+    Attributes:
+      broadcast: what the server sent this round (``broadcast(server_state)``):
+        the global params, or more (SCAFFOLD's control variate, IFCA's models).
+      start: the params local training started from (``client_start``).
+      client_state: this client's persistent state, as ``client_start`` returned it.
+      step: int32 index of the local step being taken (in ``local_loss``); in
+        ``client_finalize``, equal to ``num_steps``.
+      num_steps: int32 steps this client takes this round (its epochs or steps,
+        cut by a deadline, partial work or a dropout).
+    """
+
+    broadcast: PyTree
+    start: Params
+    client_state: ClientState
+    step: jax.Array
+    num_steps: jax.Array
+
+
+@struct.dataclass
+class Batches:
+    """A client's batches of the round, ``[max_steps, batch, ...]``.
+
+    ``mask`` is 0 for padding examples and for every step at or past the
+    client's ``num_steps``, so a sum over ``mask`` covers exactly the examples
+    it trains on this round.
+    """
+
+    x: jax.Array
+    y: jax.Array
+    mask: jax.Array
+
+
 def model_loss(
-    model: Model, params: Params, broadcast: Params, batch: Batch, hyper: Hyper, key: PRNGKey
+    model: Model, params: Params, batch: Batch, ctx: LocalContext, hyper: Hyper, key: PRNGKey
 ) -> jax.Array:
     """The plain local objective: the model's masked mean loss on one batch."""
-    del broadcast, hyper
+    del ctx, hyper
     x, y, mask = batch
     return model.loss(model.apply(params, x, train=True, key=key), y, mask)
+
+
+def start_from_broadcast(
+    model: Model, broadcast: Params, client_state: ClientState, batches: Batches, hyper: Hyper,
+    key: PRNGKey,
+) -> tuple[Params, ClientState]:
+    """Local training starts from the broadcast params; the client state is unchanged."""
+    del model, batches, hyper, key
+    return broadcast, client_state
+
+
+def delta_update(params: Params, ctx: LocalContext, hyper: Hyper) -> tuple[Update, ClientState]:
+    """The update ``start - params`` (a pseudo-gradient); the client state is unchanged."""
+    del hyper
+    return jax.tree.map(lambda s, p: s - p, ctx.start, params), ctx.client_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,36 +219,79 @@ class Freezing:
 
 
 @dataclasses.dataclass(frozen=True)
+class Interval:
+    """The values a hyperparameter may take, e.g. ``Interval(0, closed_low=False)`` for ``(0, inf)``."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    closed_low: bool = True
+    closed_high: bool = True
+
+    def contains(self, values: np.ndarray) -> bool:
+        above = values >= self.low if self.closed_low else values > self.low
+        below = values <= self.high if self.closed_high else values < self.high
+        return bool(np.all(above & below))
+
+    def __str__(self) -> str:
+        left = "[" if self.closed_low and math.isfinite(self.low) else "("
+        right = "]" if self.closed_high and math.isfinite(self.high) else ")"
+        return f"{left}{self.low:g}, {self.high:g}{right}"
+
+
+POSITIVE = Interval(0.0, closed_low=False)
+NON_NEGATIVE = Interval(0.0)
+UNIT = Interval(0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class FederatedAlgorithm:
     """A federated algorithm as pure functions; hashable, so static under ``jit``.
 
     Attributes:
       name: registry name.
       hyper_defaults: ``((name, default), ...)`` every traced hyperparameter.
-      server_init: ``(params, hyper) -> server_state``.
-      broadcast: ``server_state -> params`` the clients start from.
-      client_init: ``params -> client_state`` (persistent, stored ``[num_clients, ...]``).
+      server_init: ``(params, hyper, num_clients) -> server_state``; ``num_clients``
+        is the population size N (SCAFFOLD and FedDyn scale by ``1 / N``).
+      broadcast: ``server_state -> payload`` what every selected client downloads.
+      client_init: ``params -> client_state`` one client's initial persistent
+        state (stored ``[num_clients, ...]``; ``()`` for none).
+      client_start: ``(model, payload, client_state, batches, hyper, key) ->
+        (params, client_state)`` the params local training starts from; it may
+        read the round's ``Batches`` (IFCA picks its cluster by loss, q-FFL
+        measures ``F_k(w_t)``).
       client_optimizer: ``hyper -> optax.GradientTransformation`` for local steps.
-      local_loss: ``(model, params, broadcast, batch, hyper, key) -> scalar``.
-      client_finalize: ``(broadcast, local_params, client_state, hyper) -> (update, client_state)``.
+      local_loss: ``(model, params, batch, ctx, hyper, key) -> scalar`` the
+        objective of one local step; ``ctx`` is the client's ``LocalContext``.
+      client_finalize: ``(params, ctx, hyper) -> (update, client_state)`` from
+        the trained params.
       aggregator: how updates combine.
       server_update: ``(server_state, aggregate, hyper) -> server_state``.
-      global_params: ``server_state -> params`` the model that is evaluated.
+      global_params: ``server_state -> params`` the global model that is evaluated.
+      personal_params: ``(server_state, client_state) -> params`` client k's own
+        model for personalised evaluation (Ditto, FedPer, IFCA), or None.
+      server_metrics: ``server_state -> {name: array}`` per-round figures the
+        algorithm reports (IFCA's cluster sizes), or None.
       freezing: per-client freezing chosen in the round (FreezeFL), or None.
+      hyper_ranges: ``((name, Interval), ...)`` the values each hyperparameter may
+        take, checked by ``hyper`` (and so by the config) before anything compiles.
     """
 
     name: str
     hyper_defaults: tuple[tuple[str, float], ...]
-    server_init: Callable[[Params, Hyper], ServerState]
-    broadcast: Callable[[ServerState], Params]
+    server_init: Callable[[Params, Hyper, int], ServerState]
+    broadcast: Callable[[ServerState], PyTree]
     client_init: Callable[[Params], ClientState]
     client_optimizer: Callable[[Hyper], optax.GradientTransformation]
     local_loss: Callable[..., jax.Array]
-    client_finalize: Callable[..., tuple[Update, ClientState]]
+    client_finalize: Callable[[Params, LocalContext, Hyper], tuple[Update, ClientState]]
     aggregator: Aggregator
     server_update: Callable[[ServerState, Update, Hyper], ServerState]
     global_params: Callable[[ServerState], Params]
+    client_start: Callable[..., tuple[Params, ClientState]] = start_from_broadcast
+    personal_params: Callable[[ServerState, ClientState], Params] | None = None
+    server_metrics: Callable[[ServerState], dict[str, jax.Array]] | None = None
     freezing: Freezing | None = None
+    hyper_ranges: tuple[tuple[str, Interval], ...] = ()
 
     def hyper(self, overrides: Mapping[str, float] | None = None) -> Hyper:
         """The traced hyperparameters: defaults, then ``overrides``; unknown names are an error.
@@ -200,4 +307,23 @@ class FederatedAlgorithm:
                 f"it takes {', '.join(sorted(defaults)) or 'none'}"
             )
         merged = {**defaults, **(overrides or {})}
+        for name, value in merged.items():
+            self.check_hyper(name, value)
         return {k: jnp.asarray(v, jnp.float32) for k, v in merged.items()}
+
+    def check_hyper(self, name: str, value) -> None:
+        """Raises a one-line ValueError when ``value`` (a number or array) is impossible for ``name``.
+
+        Every hyperparameter must be finite; learning rates (``*_lr``) positive,
+        momenta (``*_momentum``) in [0, 1); the algorithm's ``hyper_ranges`` add their own.
+        """
+        values = np.asarray(value, np.float64)
+        interval = dict(self.hyper_ranges).get(name)
+        if interval is None and name.endswith("_lr"):
+            interval = POSITIVE
+        if interval is None and name.endswith("_momentum"):
+            interval = Interval(0.0, 1.0, closed_high=False)
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{self.name}: {name} must be a finite number, got {value}")
+        if interval is not None and not interval.contains(values):
+            raise ValueError(f"{self.name}: {name} must lie in {interval}, got {value}")

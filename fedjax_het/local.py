@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
+from fedjax_het.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
 from fedjax_het.data.batching import LocalWork, batch_indices
 from fedjax_het.models import Model
-from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree, Update
+from fedjax_het.typing import ClientState, Hyper, PRNGKey, PyTree, Update
 
 NO_STEP_LIMIT = 2**30
 
@@ -91,25 +91,40 @@ def client_batches(
 def local_update(
     spec: LocalSpec,
     hyper: Hyper,
-    broadcast: Params,
+    broadcast: PyTree,
     client_state: ClientState,
     task: ClientTask,
     data: DeviceSplit,
 ) -> tuple[Update, ClientState, ClientStats]:
-    """Trains one client from ``broadcast`` and returns its update, new state and stats."""
+    """Trains one client from ``broadcast`` and returns its update, new state and stats.
+
+    The algorithm's ``client_start`` picks the starting params (and may update
+    the client state) from the round's batches; ``local_loss`` is optimised
+    for the client's ``num_steps`` steps; ``client_finalize`` turns the
+    trained params into the update and the new client state.
+    """
     model, algorithm = spec.model, spec.algorithm
     indices, example_mask, num_steps = client_batches(spec, task, data)
     xs, ys = data.x[indices], data.y[indices]
+    steps = jnp.arange(spec.max_steps, dtype=jnp.int32)
+    active_examples = example_mask & (steps < num_steps)[:, None]
+    start, client_state = algorithm.client_start(
+        model, broadcast, client_state, Batches(xs, ys, active_examples), hyper,
+        rng.stream(task.key, "start"),
+    )
     train_key = rng.stream(task.key, "train")
     optimizer = algorithm.client_optimizer(hyper)
 
-    def loss_fn(params, batch, key):
-        return algorithm.local_loss(model, params, broadcast, batch, hyper, key)
+    def loss_fn(params, batch, s, key):
+        ctx = LocalContext(broadcast, start, client_state, s, num_steps)
+        return algorithm.local_loss(model, params, batch, ctx, hyper, key)
 
     def step(carry, inputs):
         params, opt_state, loss_sum = carry
         s, x, y, mask = inputs
-        loss, grads = jax.value_and_grad(loss_fn)(params, (x, y, mask), jax.random.fold_in(train_key, s))
+        loss, grads = jax.value_and_grad(loss_fn)(
+            params, (x, y, mask), s, jax.random.fold_in(train_key, s)
+        )
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         active = (s < num_steps).astype(jnp.float32)
         scale = jax.tree.map(lambda u: active.astype(u.dtype), updates)
@@ -125,11 +140,11 @@ def local_update(
         processed = jnp.where(s < num_steps, jnp.sum(mask), 0)
         return (params, opt_state, loss_sum + jnp.where(s < num_steps, loss * processed, 0.0)), processed
 
-    steps = jnp.arange(spec.max_steps, dtype=jnp.int32)
-    init = (broadcast, optimizer.init(broadcast), jnp.zeros((), jnp.float32))
+    init = (start, optimizer.init(start), jnp.zeros((), jnp.float32))
     (params, _, loss_sum), processed = jax.lax.scan(
         step, init, (steps, xs, ys, example_mask), unroll=spec.unroll
     )
-    update, client_state = algorithm.client_finalize(broadcast, params, client_state, hyper)
+    ctx = LocalContext(broadcast, start, client_state, num_steps, num_steps)
+    update, client_state = algorithm.client_finalize(params, ctx, hyper)
     stats = ClientStats(loss_sum, jnp.sum(processed), num_steps, task.train_mask)
     return update, client_state, stats

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -55,23 +55,56 @@ def evaluate(
     }
 
 
-def client_accuracy_summary(client_correct: np.ndarray, client_count: np.ndarray) -> dict[str, float]:
+def evaluate_personal(
+    model: Model, params_of: Callable[[jax.Array], Params], split: DeviceSplit, *,
+    max_count: int, chunk: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Each client's own model on its own test rows: ``(correct [N], loss_sum [N])``.
+
+    ``params_of(ids [c]) -> params [c, ...]`` gives the personal models of a
+    chunk of clients; chunks run under ``lax.map``, each client's rows padded
+    to ``max_count`` and masked.
+    """
+    n = split.count.shape[0]
+    num_chunks = -(-n // chunk)
+    ids = jnp.minimum(jnp.arange(num_chunks * chunk, dtype=jnp.int32), n - 1)
+    position = jnp.arange(max(max_count, 1))
+
+    def one_client(params, k):
+        valid = position < split.count[k]
+        rows = split.offset[k] + jnp.minimum(position, jnp.maximum(split.count[k] - 1, 0))
+        outputs = model.apply(params, split.x[rows], train=False, key=None)
+        correct = valid & (jnp.argmax(outputs, -1) == split.y[rows])
+        loss = jnp.where(valid, model.per_example_loss(outputs, split.y[rows]), 0.0)
+        return jnp.sum(correct).astype(jnp.float32), jnp.sum(loss)
+
+    def one_chunk(chunk_ids):
+        return jax.vmap(one_client)(params_of(chunk_ids), chunk_ids)
+
+    correct, loss = jax.lax.map(one_chunk, ids.reshape(num_chunks, chunk))
+    return correct.reshape(-1)[:n], loss.reshape(-1)[:n]
+
+
+def client_accuracy_summary(
+    client_correct: np.ndarray, client_count: np.ndarray, prefix: str = "client_accuracy"
+) -> dict[str, float]:
     """Distribution of per-client test accuracy over clients that have test examples.
 
-    Returns mean, standard deviation (HDFL's good-intent fairness), 10th
-    percentile and worst client, plus how many clients were evaluated.
+    Returns ``{prefix}_mean``, ``_std`` (HDFL's good-intent fairness), ``_p10``
+    (10th percentile) and ``_min`` (worst client), plus how many clients were
+    evaluated.
     """
     has_test = client_count > 0
     acc = client_correct[has_test] / client_count[has_test]
-    if acc.size == 0:
-        nan = float("nan")
-        return {"client_accuracy_mean": nan, "client_accuracy_std": nan,
-                "client_accuracy_p10": nan, "client_accuracy_min": nan, "clients_evaluated": 0}
+    nan = float("nan")
+    figures = {
+        "mean": float(acc.mean()) if acc.size else nan,
+        "std": float(acc.std()) if acc.size else nan,
+        "p10": float(np.percentile(acc, 10)) if acc.size else nan,
+        "min": float(acc.min()) if acc.size else nan,
+    }
     return {
-        "client_accuracy_mean": float(acc.mean()),
-        "client_accuracy_std": float(acc.std()),
-        "client_accuracy_p10": float(np.percentile(acc, 10)),
-        "client_accuracy_min": float(acc.min()),
+        **{f"{prefix}_{k}": v for k, v in figures.items()},
         "clients_evaluated": int(acc.size),
     }
 

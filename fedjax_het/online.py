@@ -31,8 +31,6 @@ round's training), which costs simulation time, not virtual time.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -40,46 +38,16 @@ import numpy as np
 from flax import struct
 
 from fedjax_het import rng
+from fedjax_het.algorithm import LocalContext
 from fedjax_het.cohort import run_cohort
 from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.round import Round, RunState
+from fedjax_het.sampler import ClientRecord, LearnedSelect
 from fedjax_het.system import availability as avail
 from fedjax_het.system.policy import RoundPolicy, num_selected
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.schedule import EMPTY, OK, UNAVAILABLE, Schedule, schedule_round
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
-
-if TYPE_CHECKING:  # simulate imports this module
-    from fedjax_het.simulate import Round, RunState
-
-
-@struct.dataclass
-class ClientRecord:
-    """What the server has seen of every client, ``[N]`` each.
-
-    Attributes:
-      loss: mean training loss of the client's last round with work (NaN: never).
-      seconds: seconds from its last round's start until it finished (NaN: never finished).
-      selected: rounds it was selected in.
-      aggregated: rounds its update counted (OK).
-      lost: rounds it started but did not count (late or dropped).
-    """
-
-    loss: jax.Array
-    seconds: jax.Array
-    selected: jax.Array
-    aggregated: jax.Array
-    lost: jax.Array
-
-    @classmethod
-    def empty(cls, num_clients: int) -> ClientRecord:
-        nan, zero = jnp.full((num_clients,), jnp.nan), jnp.zeros((num_clients,), jnp.int32)
-        return cls(loss=nan, seconds=nan, selected=zero, aggregated=zero, lost=zero)
-
-
-# ``(key, round_idx, ready bool [N], record) -> (ids int32 [S], valid bool [S])``: ``key`` is the
-# round's "select" stream; ``ready`` is all True unless the policy is availability-aware. Ids of
-# valid slots must be distinct.
-LearnedSelect = Callable[[PRNGKey, jax.Array, jax.Array, ClientRecord], tuple[jax.Array, jax.Array]]
 
 
 @struct.dataclass
@@ -87,7 +55,7 @@ class OnlineState:
     """The run state plus what the in-loop schedule carries between rounds.
 
     Attributes:
-      run: the ``simulate.RunState``.
+      run: the ``round.RunState``.
       clock: virtual time the next round starts.
       soft_deadline: running mean (EMA) of the mean finish time of the counted clients
         of each round; NaN before the first (FreezeFL's ``T_r``).
@@ -155,8 +123,12 @@ def step_costs(spec: LocalSpec, hyper: Hyper, train: DeviceSplit, masks: PyTree)
             for i, value in zip(kept, trained):
                 values[i] = value
             params = jax.tree.unflatten(treedef, values)
+            ctx = LocalContext(
+                broadcast, broadcast, spec.algorithm.client_init(broadcast), jnp.int32(0),
+                jnp.int32(1),
+            )
             return spec.algorithm.local_loss(
-                spec.model, params, broadcast, batch, hyper, jax.random.key(0)
+                spec.model, params, batch, ctx, hyper, jax.random.key(0)
             )
 
         analysis = jax.jit(jax.grad(loss)).lower([leaves[i] for i in kept]).compile()
@@ -175,7 +147,7 @@ class OnlineRound:
     """A round with its schedule computed in the loop (see the module docstring).
 
     Attributes:
-      round: the ``simulate.Round`` (model, algorithm, local work, chunk).
+      round: the ``round.Round`` (model, algorithm, local work, chunk).
       policy: the round policy.
       select: the learned selection (``LearnedSelect``); it returns at least
         ``ceil(m * (1 + over_commit))`` ids.
@@ -253,7 +225,7 @@ class OnlineRound:
     def _depths(self, state, broadcast, ids, probe, seconds, round_idx, inputs: RoundInputs):
         """Each slot's freeze depth, chosen after its first ``probe`` steps (weight 0, no sums).
 
-        The probe uses the round's training keys (``simulate.Round.cohort``), so it sees
+        The probe uses the round's training keys (``round.Round.cohort``), so it sees
         the same batches as the first steps of the training that follows.
         """
         round_, freezing = self.round, self.round.algorithm.freezing
@@ -269,7 +241,7 @@ class OnlineRound:
             )
             return update, depth.astype(jnp.int32), stats
 
-        cohort_states = jax.tree.map(lambda s: s[ids], state.run.client_states)
+        cohort_states = round_.store.gather(state.run.client_states, ids)
         _, depth, _ = run_cohort(
             probe_client, cohort_states, tasks, round_.algorithm.aggregator, chunk=round_.chunk
         )

@@ -64,6 +64,8 @@ class RunWriter:
         np.savez_compressed(
             self.out_dir / "arrays.npz",
             client_accuracy=history.client_accuracy,
+            **({} if history.personal_accuracy is None
+               else {"personal_accuracy": history.personal_accuracy}),
             **{f"round_{k}": v for k, v in history.round_metrics.items()},
         )
         plot_curves(history.metrics, self.out_dir / "curves.png")
@@ -81,6 +83,8 @@ def plot_curves(metrics: list[Mapping[str, Any]], path: Path) -> None:
     ax_acc.plot(rounds, [m["test_accuracy"] for m in metrics], label="global test")
     ax_acc.plot(rounds, [m["client_accuracy_mean"] for m in metrics], label="client mean")
     ax_acc.plot(rounds, [m["client_accuracy_p10"] for m in metrics], label="client 10th pct", ls="--")
+    if "personal_accuracy_mean" in metrics[0]:
+        ax_acc.plot(rounds, [m["personal_accuracy_mean"] for m in metrics], label="personal mean")
     ax_acc.set(xlabel="round", ylabel="accuracy", title="accuracy")
     ax_acc.legend()
     ax_loss.plot(rounds, [m["test_loss"] for m in metrics], label="test")

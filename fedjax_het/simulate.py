@@ -1,10 +1,9 @@
-"""The round function and the run loop (DESIGN.md §8).
+"""The run loop (DESIGN.md §8).
 
-A round is one jitted program: select the cohort, train it (chunked
-``vmap``), aggregate, update the server. Rounds run as ``lax.scan`` blocks of
-``eval_every`` rounds; between blocks the host evaluates, logs, draws the
-progress bar and writes results. Randomness is ``fold_in(seed, round)`` then
-``fold_in(.., client_id)`` on named streams, never dependent on chunking.
+A round (``fedjax_het.round``) is one jitted program: select the cohort,
+train it (chunked ``vmap``), aggregate, update the server. Rounds run as
+``lax.scan`` blocks of ``eval_every`` rounds; between blocks the host
+evaluates, logs, draws the progress bar and writes results.
 """
 
 from __future__ import annotations
@@ -19,125 +18,32 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 from tqdm.auto import tqdm
 
 from fedjax_het import online, results, rng
-from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
-from fedjax_het.cohort import auto_chunk, run_cohort
+from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.cohort import auto_chunk
 from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
-from fedjax_het.data.federated import ClientArrays, FederatedData
-from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.data.federated import FederatedData
+from fedjax_het.local import DeviceSplit, LocalSpec
 from fedjax_het.metrics import (
     ScheduleAccounting,
     client_accuracy_summary,
     evaluate,
+    evaluate_personal,
     schedule_accounting,
     time_to_accuracy,
 )
 from fedjax_het.models import Model
-from fedjax_het.sampler import Sampler
+from fedjax_het.round import Round, RunState, device_split, init_state
+from fedjax_het.sampler import LearnedSelect, Sampler
 from fedjax_het.system import schedule as scheduling
 from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.policy import num_selected
-from fedjax_het.system.schedule import OK, Schedule
+from fedjax_het.system.schedule import Schedule
 from fedjax_het.system.setup import System
-from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, ServerState
-
-
-@struct.dataclass
-class RunState:
-    """Everything that changes between rounds."""
-
-    server_state: ServerState
-    client_states: ClientState  # stacked [num_clients, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Round:
-    """The static description of one round; ``step`` is the pure round function."""
-
-    model: Model
-    algorithm: FederatedAlgorithm
-    sampler: Sampler
-    spec: LocalSpec
-    chunk: int
-    weighting: str = "examples"
-
-    def cohort(
-        self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey, plan: Schedule | None = None
-    ) -> tuple[jax.Array, ClientTask]:
-        """The selected ids ``[m]`` and their tasks for round ``round_idx``.
-
-        Without a ``plan`` the sampler selects and everyone trains fully. With
-        one (a round of ``system.schedule``) the plan's slots are the cohort: a
-        slot trains its ``steps_done`` steps and counts only when its outcome
-        is OK (others get weight 0 and no steps).
-        """
-        if plan is None:
-            ids = self.sampler.select(rng.stream(rng.round_key(key, round_idx), "select"), round_idx)
-            counts = jnp.ones(ids.shape, bool)
-            step_limit = jnp.full(ids.shape, NO_STEP_LIMIT, jnp.int32)
-        else:
-            ids = plan.selected
-            counts = plan.valid & (plan.outcome == OK)
-            step_limit = jnp.where(counts, plan.steps_done, 0)
-        size = train.count[ids].astype(jnp.float32)
-        weight = size if self.weighting == "examples" else jnp.ones_like(size)
-        tasks = ClientTask(
-            client_id=ids,
-            weight=jnp.where(counts, weight, 0.0),
-            step_limit=step_limit,
-            key=rng.client_keys(key, round_idx, "train", ids),
-        )
-        return ids, tasks
-
-    def step(
-        self,
-        state: RunState,
-        round_idx: jax.Array,
-        hyper: Hyper,
-        train: DeviceSplit,
-        key: PRNGKey,
-        plan: Schedule | None = None,
-    ) -> tuple[RunState, dict[str, jax.Array]]:
-        """One round: ``(state, round) -> (state, per-round metrics)``."""
-        ids, tasks = self.cohort(round_idx, train, key, plan)
-        state, _, metrics = self.train_cohort(state, ids, tasks, hyper, train)
-        return state, metrics
-
-    def train_cohort(
-        self, state: RunState, ids: jax.Array, tasks: ClientTask, hyper: Hyper, train: DeviceSplit
-    ) -> tuple[RunState, ClientStats, dict[str, jax.Array]]:
-        """Trains the slots ``tasks`` (clients ``ids``), aggregates and updates the server.
-
-        Returns the new state, every slot's ``ClientStats`` and the round's metrics.
-        """
-        broadcast = self.algorithm.broadcast(state.server_state)
-        client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
-        cohort_states = jax.tree.map(lambda s: s[ids], state.client_states)
-        sums, new_states, stats = run_cohort(
-            client_fn, cohort_states, tasks, self.algorithm.aggregator, chunk=self.chunk
-        )
-        server_state = self.algorithm.server_update(
-            state.server_state, self.algorithm.aggregator.finalize(sums), hyper
-        )
-        counted = tasks.weight > 0
-        client_states = jax.tree.map(
-            lambda all_s, new: all_s.at[ids].set(
-                jnp.where(counted.reshape(-1, *[1] * (new.ndim - 1)), new, all_s[ids])
-            ),
-            state.client_states,
-            new_states,
-        )
-        examples = jnp.sum(stats.examples)
-        metrics = {
-            "train_loss": jnp.sum(stats.loss_sum) / jnp.maximum(examples, 1),
-            "participants": jnp.sum(counted).astype(jnp.int32),
-            "examples": examples,
-        }
-        return RunState(server_state, client_states), stats, metrics
+from fedjax_het.typing import Hyper, Params, PRNGKey
 
 
 @dataclasses.dataclass
@@ -147,13 +53,16 @@ class History:
     Attributes:
       metrics: one dict per evaluation (round 0 and every ``eval_every`` rounds).
       round_metrics: per-round arrays ``[rounds]``: train_loss, participants, examples.
-      client_accuracy: ``[num_clients]`` last per-client test accuracy (NaN: no test rows).
+      client_accuracy: ``[num_clients]`` last per-client test accuracy of the global model
+        (NaN: no test rows).
       params: the final global model.
       state: the final ``RunState``.
       summary: final figures, compile and run time, rounds / virtual time / wall time to
         each target accuracy, and (with a system) totals of time, bytes and work.
       schedule: the run's schedule when it had a system, else None.
       out_dir: where results were written, or None.
+      personal_accuracy: ``[num_clients]`` last test accuracy of each client's own model
+        (algorithms with ``personal_params``), else None.
     """
 
     metrics: list[dict[str, Any]]
@@ -164,17 +73,7 @@ class History:
     summary: dict[str, Any]
     schedule: Schedule | None = None
     out_dir: Path | None = None
-
-
-def device_split(split: ClientArrays) -> DeviceSplit:
-    """The flat store on the device: float features as float32, token ids as int32."""
-    integer = np.issubdtype(split.x.dtype, np.integer)
-    return DeviceSplit(
-        x=jnp.asarray(split.x, jnp.int32 if integer else jnp.float32),
-        y=jnp.asarray(split.y, jnp.int32),
-        offset=jnp.asarray(split.offset, jnp.int32),
-        count=jnp.asarray(split.count, jnp.int32),
-    )
+    personal_accuracy: np.ndarray | None = None
 
 
 def local_spec(
@@ -279,16 +178,6 @@ def _stack_systems(systems: Sequence[System]):
     return profiles, policy
 
 
-def init_state(
-    model: Model, algorithm: FederatedAlgorithm, num_clients: int, hyper: Hyper, key: PRNGKey
-) -> RunState:
-    """Initial global model from ``stream(key, "init")`` and zeroed client states."""
-    params = model.init(rng.stream(key, "init"))
-    one = algorithm.client_init(params)
-    client_states = jax.tree.map(lambda s: jnp.broadcast_to(s, (num_clients, *s.shape)), one)
-    return RunState(algorithm.server_init(params, hyper), client_states)
-
-
 @dataclasses.dataclass(frozen=True)
 class Setup:
     """A validated simulation: the round, its traced inputs, and the evaluation data."""
@@ -300,6 +189,7 @@ class Setup:
     test: DeviceSplit
     test_row_client: jax.Array
     eval_batch_size: int
+    max_test_count: int
 
     @classmethod
     def build(
@@ -327,12 +217,15 @@ class Setup:
         return cls(
             data, round_, algorithm.hyper(hyper), device_split(data.train),
             device_split(data.test), jnp.asarray(data.test.client_ids), eval_batch_size,
+            int(data.test.count.max(initial=0)),
         )
 
     def init(self, key: PRNGKey, *, cells: bool = False) -> RunState:
         """The initial state (one per key of ``key [cells]`` with ``cells``)."""
         r = self.round
-        init = functools.partial(init_state, r.model, r.algorithm, self.data.num_clients)
+        init = functools.partial(
+            init_state, r.model, r.algorithm, self.data.num_clients, store=r.store
+        )
         init = jax.vmap(init, in_axes=(None, 0)) if cells else init
         return jax.jit(init)(self.hyper, key)
 
@@ -353,10 +246,22 @@ class Setup:
         return jax.lax.scan(one, state, (round_ids, plans))
 
     def evaluate(self, state: RunState, test: DeviceSplit, row_client: jax.Array):
-        params = self.round.algorithm.global_params(state.server_state)
-        return evaluate(
-            self.round.model, params, test, row_client, batch_size=self.eval_batch_size
-        )
+        """The global model on every test row; with a personal model, each client's own too."""
+        round_, algorithm = self.round, self.round.algorithm
+        params = algorithm.global_params(state.server_state)
+        ev = evaluate(round_.model, params, test, row_client, batch_size=self.eval_batch_size)
+        if algorithm.personal_params is not None:
+
+            def params_of(ids):
+                states = round_.store.gather(state.client_states, ids)
+                personal = functools.partial(algorithm.personal_params, state.server_state)
+                return jax.vmap(personal)(states)
+
+            ev["personal_correct"], ev["personal_loss_sum"] = evaluate_personal(
+                round_.model, params_of, test, max_count=self.max_test_count,
+                chunk=max(1, self.eval_batch_size // max(self.max_test_count, 1)),
+            )
+        return ev
 
     def programs(self, key: PRNGKey, *, cells: bool = False) -> tuple[Callable, Callable]:
         """Jitted ``block(state, round_ids, plans)`` and ``evaluate(state)``.
@@ -403,6 +308,8 @@ class Recorder:
             "test_loss": float(ev["loss"]),
             "test_accuracy": float(ev["accuracy"]),
             **client_accuracy_summary(ev["client_correct"], ev["client_count"]),
+            **(client_accuracy_summary(ev["personal_correct"], ev["client_count"],
+                                       "personal_accuracy") if "personal_correct" in ev else {}),
             **(self.accounting.upto(done) if self.accounting else {}),
         }
         self.evaluations.append(line)
@@ -421,13 +328,15 @@ class Recorder:
             round_metrics.update(self.accounting.per_round)
         with np.errstate(invalid="ignore", divide="ignore"):
             client_accuracy = ev["client_correct"] / ev["client_count"]
+            personal = ev.get("personal_correct")
+            personal_accuracy = None if personal is None else personal / ev["client_count"]
         evaluations, final = self.evaluations, self.evaluations[-1]
         summary = {
             "rounds": final["round"],
             "final_test_accuracy": final["test_accuracy"],
             "final_test_loss": final["test_loss"],
             "best_test_accuracy": max(e["test_accuracy"] for e in evaluations),
-            **{k: final[k] for k in final if k.startswith("client_accuracy")},
+            **{k: final[k] for k in final if k.startswith(("client_accuracy", "personal_accuracy"))},
             **timing,
             "chunk": setup.round.chunk,
             "backend": jax.default_backend(),
@@ -438,6 +347,7 @@ class Recorder:
         history = History(
             evaluations, round_metrics, client_accuracy,
             algorithm.global_params(state.server_state), state, summary, schedule=plans,
+            personal_accuracy=personal_accuracy,
         )
         if self.writer:
             self.writer.finish(history)
@@ -501,7 +411,7 @@ def run(
     config: Mapping[str, Any] | None = None,
     on_eval: Callable[[dict[str, Any]], None] | None = None,
     system: System | None = None,
-    select: online.LearnedSelect | None = None,
+    select: LearnedSelect | None = None,
     targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
@@ -528,7 +438,7 @@ def run(
         training); training then follows it: selected clients, partial work as
         step masks, failed clients at weight 0. Adds the virtual clock, outcome
         counts, bytes and wasted work to the metrics.
-      select: a selection that learns (``online.LearnedSelect``, e.g.
+      select: a selection that learns (``sampler.LearnedSelect``, e.g.
         ``sampling.power_of_choice``), given the server's per-client record. It,
         and an algorithm with ``freezing`` (FreezeFL), need a ``system``; the
         schedule is then computed round by round inside the training loop
@@ -578,7 +488,7 @@ def run(
 
 
 def _run_online(
-    setup: Setup, system: System, select: online.LearnedSelect | None, key: PRNGKey,
+    setup: Setup, system: System, select: LearnedSelect | None, key: PRNGKey,
     recorder: Recorder, *, rounds: int, eval_every: int, progress: bool,
 ) -> tuple[RunState, Any, float, Schedule]:
     """``run``'s loop with the schedule computed in the loop; returns the rows it produced."""

@@ -15,8 +15,8 @@ from fedjax_het.algorithms import fedavg, fednova, fedprox
 from fedjax_het.cohort import run_cohort
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
+from fedjax_het.round import Round, device_split, init_state
 from fedjax_het.sampler import Sampler
-from fedjax_het.simulate import Round, device_split, init_state
 
 NUM_FEATURES, NUM_CLASSES = 4, 3
 SIZES = (5, 12, 30)

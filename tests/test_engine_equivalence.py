@@ -28,8 +28,8 @@ from fedjax_het.algorithms import fedadam, fedavg, fedavgm
 from fedjax_het.cohort import run_cohort
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
+from fedjax_het.round import Round, device_split, init_state
 from fedjax_het.sampler import Sampler
-from fedjax_het.simulate import Round, device_split, init_state
 
 NUM_FEATURES, NUM_CLASSES = 5, 3
 SIZES = (1, 3, 17, 40)  # very different client sizes: a lone example up to ten batches
@@ -309,7 +309,7 @@ def test_server_update_matches_closed_form(algorithm, reference):
     grads[2][0, -1] = -grads[1][0, -1]
     params64 = [gen.standard_normal(6)]
     hyper = algorithm.hyper()
-    state = algorithm.server_init({"w": jnp.asarray(params64[0], jnp.float32)}, hyper)
+    state = algorithm.server_init({"w": jnp.asarray(params64[0], jnp.float32)}, hyper, 1)
     update = fast_jit(algorithm.server_update)
     opt_state = None
     for g in grads:

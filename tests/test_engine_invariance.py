@@ -25,6 +25,7 @@ import optax
 import pytest
 
 from fedjax_het import local, models, rng, simulate
+from fedjax_het import round as round_lib
 from fedjax_het.algorithms import fedavg
 from fedjax_het.cohort import run_cohort
 from fedjax_het.data.batching import LocalWork
@@ -63,8 +64,8 @@ def fixed_sampler(ids) -> Sampler:
 
 @functools.partial(fast_jit, static_argnums=0)
 def cohort_tasks(ids: tuple[int, ...], round_idx, train, key) -> local.ClientTask:
-    """The tasks ``simulate.Round`` builds for a cohort of ``ids`` (its weights, limits, keys)."""
-    round_ = simulate.Round(MODEL, ALGORITHM, fixed_sampler(ids), SPEC, chunk=1)
+    """The tasks ``round.Round`` builds for a cohort of ``ids`` (its weights, limits, keys)."""
+    round_ = round_lib.Round(MODEL, ALGORITHM, fixed_sampler(ids), SPEC, chunk=1)
     return round_.cohort(round_idx, train, key)[1]
 
 
@@ -72,14 +73,14 @@ def cohort_tasks(ids: tuple[int, ...], round_idx, train, key) -> local.ClientTas
 def engine_round(chunk, hyper, params, tasks, train):
     """One FedAvg round from ``params``: local_update + run_cohort + server_update."""
     TRACES[chunk] += 1
-    state = ALGORITHM.server_init(params, hyper)
+    state = ALGORITHM.server_init(params, hyper, 1)
     client_fn = functools.partial(local.local_update, SPEC, hyper, params, data=train)
     sums, _, stats = run_cohort(client_fn, (), tasks, ALGORITHM.aggregator, chunk=chunk)
     return ALGORITHM.server_update(state, ALGORITHM.aggregator.finalize(sums), hyper).params, stats
 
 
 def setup(seed=0):
-    train = simulate.device_split(DATA.train)
+    train = round_lib.device_split(DATA.train)
     params = fast_jit(MODEL.init)(jax.random.key(seed))
     return train, params, cohort_tasks(COHORT, jnp.int32(0), train, rng.seed_key(seed))
 

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 from fedjax_het import models, online, simulate
+from fedjax_het import round as round_lib
 from fedjax_het.algorithm import Freezing, masked_mean
 from fedjax_het.algorithms import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks, freeze_objective, freezefl
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.sampler import ClientRecord
 from fedjax_het.sampling import power_of_choice, uniform
 from fedjax_het.system import setup
 from fedjax_het.system.flhetbench import participation_counts
@@ -44,9 +46,9 @@ def run(algorithm, sys, **kw):
     return simulate.run(DATA, MODEL, algorithm, uniform(N, M), system=sys, **{**COMMON, **kw})
 
 
-def initial_state() -> simulate.RunState:
+def initial_state() -> round_lib.RunState:
     """The state every run with seed 0 starts from."""
-    return simulate.init_state(MODEL, fedavg(), N, fedavg().hyper(), jax.random.key(0))
+    return round_lib.init_state(MODEL, fedavg(), N, fedavg().hyper(), jax.random.key(0))
 
 
 def test_a_frozen_layer_is_bit_identical_and_its_bytes_are_not_counted():
@@ -151,7 +153,7 @@ def test_power_of_choice_learns_from_the_record():
 def test_frozen_steps_cost_what_xla_counts_for_the_layers_still_training():
     spec = simulate.local_spec(MODEL, fedavg(), DATA, WORK)
     masks = depth_masks(MODEL.init(jax.random.key(0)))
-    costs = online.step_costs(spec, fedavg().hyper(), simulate.device_split(DATA.train), masks)
+    costs = online.step_costs(spec, fedavg().hyper(), round_lib.device_split(DATA.train), masks)
     assert costs[0] == 1.0 and 0 < costs[1] < 1  # Dense_0's gradient and backward are gone
     # A wait_all round of always-ready clients with free transfers lasts the slowest step total.
     profiles = setup.profiles_from_options(N, step_time=0.5, bandwidth=1e12)
@@ -163,7 +165,7 @@ def test_frozen_steps_cost_what_xla_counts_for_the_layers_still_training():
 
 
 def test_power_of_choice_takes_the_highest_losses_among_ready_candidates():
-    record = online.ClientRecord.empty(6).replace(
+    record = ClientRecord.empty(6).replace(
         loss=jnp.array([0.1, 5.0, jnp.nan, 3.0, 9.0, 0.4])
     )
     ready = jnp.array([True, True, True, True, False, True])  # client 4: highest loss, not ready

@@ -383,7 +383,7 @@ def test_sampler_selection_matches_the_training_loop_and_marks_unready_empty():
     ids, valid = sampler_select(sampler)(key, 0, ready)
     np.testing.assert_array_equal(ids, sampler.select(key, 0))
     np.testing.assert_array_equal(valid, np.asarray(ready)[np.asarray(ids)])
-    # Round r draws from stream(fold_in(key, r), "select"), as simulate.Round.cohort does.
+    # Round r draws from stream(fold_in(key, r), "select"), as round.Round.cohort does.
     s = run_named("wait_all", make_profiles(), key)
     for r in (0, 5):
         expected = sampler.select(rng.stream(rng.round_key(key, r), "select"), r)
