@@ -21,6 +21,7 @@ from fedjax_het.sampler import Sampler
 NUM_FEATURES, NUM_CLASSES = 4, 3
 SIZES = (5, 12, 30)
 MODEL = models.logistic_regression((NUM_FEATURES,), NUM_CLASSES)
+TWO_LAYERS = models.mlp((NUM_FEATURES,), NUM_CLASSES, hidden=(8,))
 
 
 def store() -> ClientArrays:
@@ -162,19 +163,22 @@ def test_a_frozen_layer_is_bit_identical_after_a_round():
 @pytest.mark.parametrize("name", registry.names("algorithm"))
 def test_contract_every_registered_algorithm_learns_a_toy_problem(name):
     """Registered algorithms: hyperparameters are float32 scalars, the params keep their dtypes,
-    and ten rounds on a small federated problem lower the training loss."""
+    and ten rounds on a small federated problem lower the training loss.
+
+    The model has two layers (a body and a head) so that algorithms with personal layers
+    (FedPer, FedRep) have something to share."""
     algorithm = registry.lookup("algorithm", name)()
     hyper = algorithm.hyper()
     assert all(v.dtype == jnp.float32 and v.shape == () for v in hyper.values())
     data = store()
     ids = jnp.arange(len(SIZES), dtype=jnp.int32)
     work = LocalWork(batch_size=4, epochs=1)
-    spec = local.LocalSpec(MODEL, algorithm, work, work.static_steps(30), 30)
+    spec = local.LocalSpec(TWO_LAYERS, algorithm, work, work.static_steps(30), 30)
     sampler = Sampler(select=lambda k, r: ids, num_clients=3, cohort_size=3)
-    round_ = Round(MODEL, algorithm, sampler, spec, chunk=3)
+    round_ = Round(TWO_LAYERS, algorithm, sampler, spec, chunk=3)
     key = jax.random.key(0)
     split = device_split(data)
-    state = init_state(MODEL, algorithm, 3, hyper, key)
+    state = init_state(TWO_LAYERS, algorithm, 3, hyper, key)
     dtypes = jax.tree.map(lambda p: p.dtype, algorithm.global_params(state.server_state))
     step = jax.jit(lambda s, r: round_.step(s, r, hyper, split, key))
     losses = []
