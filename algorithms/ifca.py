@@ -59,6 +59,7 @@ from fedjax_het.algorithm import (
     FederatedAlgorithm,
     LocalContext,
     delta_update,
+    mean_loss,
 )
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState as ModelsState
@@ -105,21 +106,7 @@ def cluster_models(params: Params, clusters: int, noise: jax.Array) -> Params:
 
 def cluster_losses(model: Model, models: Params, batches: Batches) -> jax.Array:
     """``[k]`` mean loss of each model over the examples ``batches.mask`` keeps (0 if none)."""
-
-    def one_step(total, batch):
-        x, y, mask = batch
-
-        def loss_sum(params):
-            losses = model.per_example_loss(model.apply(params, x, train=False, key=None), y)
-            return jnp.sum(jnp.where(mask, losses, 0.0))
-
-        return total + jax.vmap(loss_sum)(models), None
-
-    k = jax.tree.leaves(models)[0].shape[0]
-    sums, _ = jax.lax.scan(
-        one_step, jnp.zeros((k,), jnp.float32), (batches.x, batches.y, batches.mask)
-    )
-    return sums / jnp.maximum(jnp.sum(batches.mask), 1).astype(jnp.float32)
+    return jax.vmap(lambda params: mean_loss(model, params, batches))(models)
 
 
 def join_best_cluster(

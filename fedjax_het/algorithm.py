@@ -175,6 +175,23 @@ def model_loss(
     return model.loss(model.apply(params, x, train=True, key=key), y, mask)
 
 
+def mean_loss(model: Model, params: Params, batches: Batches) -> jax.Array:
+    """Mean loss of ``params`` (evaluation mode) over the examples ``batches.mask`` keeps; 0 if none.
+
+    What a client measures before training: IFCA's cluster choice, q-FFL's ``F_k(w_t)``.
+    """
+
+    def one_step(total, batch):
+        x, y, mask = batch
+        losses = model.per_example_loss(model.apply(params, x, train=False, key=None), y)
+        return total + jnp.sum(jnp.where(mask, losses, 0.0)), None
+
+    total, _ = jax.lax.scan(
+        one_step, jnp.zeros((), jnp.float32), (batches.x, batches.y, batches.mask)
+    )
+    return total / jnp.maximum(jnp.sum(batches.mask), 1).astype(jnp.float32)
+
+
 def start_from_broadcast(
     model: Model, broadcast: Params, client_state: ClientState, batches: Batches, hyper: Hyper,
     key: PRNGKey,
