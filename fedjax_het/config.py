@@ -34,7 +34,8 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     batch_size = 20
     epochs = 1.0
 
-    [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size
+    [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size,
+                        # client_state: "auto", "device" or "host" (fedjax_het.client_store)
 
     [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
     devices = "flash"   # uniform, lognormal, flash; availability = always, bernoulli, strict...
@@ -68,6 +69,7 @@ from typing import Any
 
 from fedjax_het import models, registry
 from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.client_store import PLACEMENTS
 from fedjax_het.data import catalog, feature_skew, partitioners
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
@@ -91,13 +93,18 @@ DEFAULTS: dict[str, Any] = {
     "algorithm": {"name": "fedavg", "client_lr": 0.05},
     "sampler": {"name": "uniform", "clients_per_round": 10},
     "local": {"batch_size": 20, "epochs": 1.0},
-    "engine": {"chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024},
+    "engine": {
+        "chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024,
+        "client_state": "auto",
+    },
     "system": {},
     "policy": {},
     "selection": {},
 }
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
-ENGINE = {"chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int}
+ENGINE = {
+    "chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int, "client_state": str
+}
 
 
 @dataclasses.dataclass
@@ -127,6 +134,7 @@ class Experiment:
             "unroll": engine["unroll"],
             "weighting": engine["weighting"],
             "eval_batch_size": engine["eval_batch_size"],
+            "client_state": engine["client_state"],
             "system": self.system,
             "select": self.select,
         }
@@ -302,6 +310,11 @@ def _check_run(config: dict[str, Any]) -> None:
     if engine["weighting"] not in ("examples", "uniform"):
         raise ConfigError(
             f"engine.weighting must be 'examples' or 'uniform', got {engine['weighting']!r}"
+        )
+    if engine["client_state"] not in PLACEMENTS:
+        raise ConfigError(
+            f"engine.client_state must be one of {', '.join(map(repr, PLACEMENTS))}, got "
+            f"{engine['client_state']!r}"
         )
 
 

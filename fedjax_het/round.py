@@ -20,7 +20,7 @@ from flax import struct
 
 from fedjax_het import rng
 from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
-from fedjax_het.client_store import ON_DEVICE, DeviceStore
+from fedjax_het.client_store import ON_DEVICE, ClientStore
 from fedjax_het.cohort import run_cohort
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
@@ -35,7 +35,7 @@ class RunState:
     """Everything that changes between rounds."""
 
     server_state: ServerState
-    client_states: ClientState  # as the round's store holds them (DeviceStore: [num_clients, ...])
+    client_states: ClientState  # as the round's store holds them: [num_clients, ...] or HostRows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Round:
     spec: LocalSpec
     chunk: int
     weighting: str = "examples"
-    store: DeviceStore = ON_DEVICE
+    store: ClientStore = ON_DEVICE
 
     def cohort(
         self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey, plan: Schedule | None = None
@@ -136,7 +136,7 @@ def device_split(split: ClientArrays) -> DeviceSplit:
 
 def init_state(
     model: Model, algorithm: FederatedAlgorithm, num_clients: int, hyper: Hyper, key: PRNGKey,
-    store: DeviceStore = ON_DEVICE,
+    store: ClientStore = ON_DEVICE,
 ) -> RunState:
     """Initial global model from ``stream(key, "init")`` and every client's initial state."""
     params = model.init(rng.stream(key, "init"))

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_het import online, results, rng
+from fedjax_het import client_store, online, results, rng
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.cohort import auto_chunk
 from fedjax_het.data import diagnostics
@@ -58,7 +58,10 @@ class History:
       params: the final global model.
       state: the final ``RunState``.
       summary: final figures, compile and run time, rounds / virtual time / wall time to
-        each target accuracy, and (with a system) totals of time, bytes and work.
+        each target accuracy, where the client states lived (``client_state_placement``:
+        device, host or none) and the bytes they held at the end (``client_state_bytes``:
+        every client's on the device, the written rows on the host), and (with a system)
+        totals of time, bytes and work.
       schedule: the run's schedule when it had a system, else None.
       out_dir: where results were written, or None.
       personal_accuracy: ``[num_clients]`` last test accuracy of each client's own model
@@ -190,14 +193,21 @@ class Setup:
     test_row_client: jax.Array
     eval_batch_size: int
     max_test_count: int
+    state_plan: client_store.StatePlan
 
     @classmethod
     def build(
         cls, data: FederatedData, model: Model, algorithm: FederatedAlgorithm, sampler: Sampler, *,
         rounds: int, work: LocalWork, hyper: Mapping[str, float] | None, eval_every: int,
         chunk: int | None, unroll: int, weighting: str, eval_batch_size: int,
+        client_state: str = "auto", slots: int | None = None, runs: int = 1,
     ) -> Setup:
-        """Checks the arguments ``run`` and ``sweep`` share and builds the round."""
+        """Checks the arguments ``run`` and ``sweep`` share and builds the round.
+
+        The client states' placement is planned here, before anything compiles
+        (``client_store.plan_client_state``): ``slots`` (default: the cohort size)
+        clients a round at most, ``runs`` runs held at once.
+        """
         if sampler.num_clients != data.num_clients:
             raise ValueError(
                 f"sampler draws from {sampler.num_clients} clients but the data has "
@@ -209,15 +219,20 @@ class Setup:
             raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
         if data.test is None:
             raise ValueError("run needs a test split to evaluate; build the data with one")
+        state_plan = client_store.plan_client_state(
+            algorithm, model, num_clients=data.num_clients, rounds=rounds,
+            slots=slots or sampler.cohort_size, placement=client_state, runs=runs,
+        )
         spec = local_spec(model, algorithm, data, work, unroll=unroll)
         round_ = Round(
             model, algorithm, sampler, spec,
             chunk=chunk or auto_chunk(sampler.cohort_size), weighting=weighting,
+            store=state_plan.store(),
         )
         return cls(
             data, round_, algorithm.hyper(hyper), device_split(data.train),
             device_split(data.test), jnp.asarray(data.test.client_ids), eval_batch_size,
-            int(data.test.count.max(initial=0)),
+            int(data.test.count.max(initial=0)), state_plan,
         )
 
     def init(self, key: PRNGKey, *, cells: bool = False) -> RunState:
@@ -340,6 +355,8 @@ class Recorder:
             **timing,
             "chunk": setup.round.chunk,
             "backend": jax.default_backend(),
+            "client_state_placement": setup.state_plan.placement,
+            "client_state_bytes": setup.state_plan.held_bytes(setup.round.store),
             "to_accuracy": time_to_accuracy(evaluations, targets),
             **(self.accounting.totals() if self.accounting else {}),
         }
@@ -413,6 +430,7 @@ def run(
     system: System | None = None,
     select: LearnedSelect | None = None,
     targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
+    client_state: str = "auto",
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -445,14 +463,22 @@ def run(
         (``fedjax_het.online``) instead of before it.
       targets: test accuracies whose first round, virtual time and wall time
         the summary reports (``to_accuracy``).
+      client_state: where an algorithm's per-client states live: "device",
+        "host" (only the rows of clients ever selected, in host memory, moved
+        in and out of the round by callbacks; bit-identical results) or "auto"
+        (the device when they fit comfortably, else the host). A state that
+        fits nowhere is refused before compiling (``client_store.plan_client_state``).
 
     Returns:
       A :class:`History`.
     """
+    slots = None  # clients a round writes at most: the cohort, or its over-committed slots
+    if system is not None:
+        slots = int(num_selected(sampler.cohort_size, system.policy.over_commit))
     setup = Setup.build(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
-        eval_batch_size=eval_batch_size,
+        eval_batch_size=eval_batch_size, client_state=client_state, slots=slots,
     )
     key = rng.seed_key(seed)
     recorder = Recorder(

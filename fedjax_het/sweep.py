@@ -64,6 +64,7 @@ def sweep(
     eval_batch_size: int = 1024,
     progress: bool = True,
     targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
+    client_state: str = "auto",
 ) -> list[History]:
     """Runs every (system, seed) cell as one batched simulation; one ``History`` per cell.
 
@@ -72,6 +73,10 @@ def sweep(
     availability store, the policy's kind and switches, and the way clients
     are selected (see ``simulate.plan_runs``). Wall times in the histories are
     the sweep's, shared by all cells.
+
+    Client states stay on the device, every cell's (``client_state`` "auto" or
+    "device"); "host" is refused: its ordered callbacks cannot be ``vmap``-ed
+    over cells.
     """
     if not seeds:
         raise ValueError("seeds must name at least one seed")
@@ -82,12 +87,18 @@ def sweep(
         )
     if systems is not None and not systems:
         raise ValueError("systems must hold at least one System, or be None")
+    if client_state == "host":
+        raise ValueError(
+            "sweep keeps client states on the device (host states cannot be vmap-ed over "
+            "cells); use client_state='device' or 'auto', or simulate.run for each cell"
+        )
+    cells = list(itertools.product(systems or [None], seeds))
     setup = Setup.build(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
         eval_batch_size=eval_batch_size,
+        client_state="device" if client_state == "auto" else client_state, runs=len(cells),
     )
-    cells = list(itertools.product(systems or [None], seeds))
     keys = jnp.stack([rng.seed_key(seed) for _, seed in cells])
     plans, accountings = None, [None] * len(cells)
     if systems is not None:
