@@ -17,6 +17,15 @@ batch indices (DESIGN.md §9):
   scan over every client, gather from the flat store included, no masks and no
   in-jit sampling (ids and indices are inputs drawn before timing).
 
+``--algorithms fedavg,scaffold`` adds an engine round of SCAFFOLD (Karimireddy
+et al. 2020, ``algorithms/scaffold.py``) beside FedAvg's for each chunk and
+unrolling, on the same setup (model, data, initial params, cohort, batches,
+learning rates); its rows carry ``ratio_to_fedavg``, its median over FedAvg's
+engine median at the same settings, measured in the same interleaved run. Its
+control variates start at zero, so its round equals FedAvg's and passes the
+same gate. ``--baselines`` keeps only some of ``loop`` and ``bare_vmap``
+(``none``: the first engine row is the gate's reference).
+
 The baselines unroll their local steps (XLA:CPU runs convolution gradients
 inside a ``while`` loop several times slower); the engine's unrolling is
 ``--unroll`` (default 1, as in ``simulate.run``).
@@ -63,7 +72,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_het import models, results, rng
+from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.algorithms.scaffold import scaffold
 from fedjax_het.cohort import auto_chunk
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
@@ -77,6 +88,8 @@ MIN_REPS = 3  # timed rounds kept even past --max-timing-s
 POPULATION_PER_COHORT = 2  # the sampler draws the cohort from twice as many clients
 SEED = 0
 ROUND = 0
+ALGORITHMS = {"fedavg": fedavg, "scaffold": scaffold}  # engine algorithms, default settings
+BASELINES = ("loop", "bare_vmap")
 DEFAULT_COHORTS = {  # CPU: a full run stays near 8 minutes on 2 shared cores
     "cpu": {"W1": (10, 100), "W2": (10,)},
     "accelerator": {"W1": (10, 100, 1000), "W2": (10, 100, 1000)},
@@ -178,16 +191,27 @@ def compile_timed(*jobs: tuple[Callable, tuple]) -> tuple[list[Callable], float]
     return compiled, time.perf_counter() - start
 
 
-def engine(setup: Setup, chunk: int, unroll: int) -> Implementation:
-    """``Round.step`` as one compiled program, ``chunk`` clients per ``vmap``."""
-    spec = dataclasses.replace(setup.round_.spec, unroll=unroll)
-    round_ = dataclasses.replace(setup.round_, chunk=chunk, spec=spec)
-    args = (setup.state, jnp.int32(ROUND), setup.hyper, setup.train, setup.key)
+def engine(
+    setup: Setup, chunk: int, unroll: int, algorithm: FederatedAlgorithm | None = None
+) -> Implementation:
+    """``Round.step`` of ``algorithm`` (default: the setup's FedAvg) as one compiled program,
+    ``chunk`` clients per ``vmap``; another algorithm starts from its own initial state
+    (same key, so the same initial params) with its default hyperparameters."""
+    state, hyper = setup.state, setup.hyper
+    if algorithm is None:
+        algorithm = setup.round_.algorithm
+    else:
+        hyper = algorithm.hyper()
+        population = setup.round_.sampler.num_clients
+        state = init_state(setup.round_.model, algorithm, population, hyper, setup.key)
+    spec = dataclasses.replace(setup.round_.spec, algorithm=algorithm, unroll=unroll)
+    round_ = dataclasses.replace(setup.round_, algorithm=algorithm, chunk=chunk, spec=spec)
+    args = (state, jnp.int32(ROUND), hyper, setup.train, setup.key)
     (step,), compile_s = compile_timed((round_.step, args))
 
     def run():
         state, metrics = step(*args)
-        return state.server_state.params, (state, metrics)
+        return algorithm.global_params(state.server_state), (state, metrics)
 
     return Implementation(run, compile_s)
 
@@ -335,7 +359,8 @@ def measure(
     medians = {r["implementation"]: r["median_s"] for r in rows if "median_s" in r}
     for row in rows:
         print(
-            f"  {row['implementation']:9s} {json.dumps({k: row[k] for k in ('chunk', 'unroll') if k in row})}"
+            f"  {row['implementation']:9s} "
+            f"{json.dumps({k: row[k] for k in ('algorithm', 'chunk', 'unroll') if k in row})}"
             f" compile {row.get('compile_s', float('nan')):6.1f} s  median "
             f"{row.get('median_s', float('nan')):8.4f} s  x{row.get('reps_timed', 0)}  "
             f"gate {row.get('gate', {}).get('value', 'reference' if 'gate' in row else '-')}",
@@ -346,6 +371,28 @@ def measure(
                 if other in medians:
                     row[f"ratio_to_{other}"] = row["median_s"] / medians[other]
     return rows
+
+
+def algorithm_ratios(rows: list[dict[str, Any]]) -> None:
+    """Adds ``ratio_to_fedavg`` to each timed engine row of another algorithm: its median over
+    that of FedAvg's engine row with the same chunk and unrolling, and prints it."""
+
+    def key(row: dict[str, Any]) -> tuple:
+        return row.get("chunk"), row.get("unroll")
+
+    fedavg_median = {
+        key(row): row["median_s"]
+        for row in rows
+        if row["implementation"] == "engine" and row["algorithm"] == "fedavg" and "median_s" in row
+    }
+    for row in rows:
+        if row["implementation"] != "engine" or row["algorithm"] == "fedavg":
+            continue
+        if "median_s" in row and key(row) in fedavg_median:
+            row["ratio_to_fedavg"] = row["median_s"] / fedavg_median[key(row)]
+            print(
+                f"  {row['algorithm']} / fedavg (engine): {row['ratio_to_fedavg']:.3f}", flush=True
+            )
 
 
 def int_list(text: str, flag: str) -> tuple[int, ...]:
@@ -376,6 +423,16 @@ def main(argv: list[str] | None = None) -> None:
         help="engine chunk sizes, comma list; 'auto' is cohort.auto_chunk",
     )
     parser.add_argument("--unroll", default="1", help="engine local-step unrolling, comma list")
+    parser.add_argument(
+        "--algorithms",
+        default="fedavg",
+        help=f"engine algorithms, comma list of {', '.join(ALGORITHMS)}",
+    )
+    parser.add_argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        help=f"comma list of {', '.join(BASELINES)}, or none; the first row is the gate's reference",
+    )
     parser.add_argument("--out", help="JSONL path (default: experiments/bench_results/...)")
     parser.add_argument("--quick", action="store_true", help="smoke run: W1, 10 clients")
     args = parser.parse_args(argv)
@@ -388,6 +445,12 @@ def main(argv: list[str] | None = None) -> None:
     cohorts = int_list(args.cohorts, "--cohorts") if args.cohorts else None
     chunks = [c if c == "auto" else int_list(c, "--chunk")[0] for c in args.chunk.split(",")]
     unrolls = int_list(args.unroll, "--unroll")
+    algorithms = args.algorithms.split(",")
+    if set(algorithms) - set(ALGORITHMS):
+        raise ValueError(f"--algorithms takes {sorted(ALGORITHMS)}, got {args.algorithms!r}")
+    baselines = [] if args.baselines == "none" else args.baselines.split(",")
+    if set(baselines) - set(BASELINES):
+        raise ValueError(f"--baselines takes {list(BASELINES)} or none, got {args.baselines!r}")
     backend = jax.default_backend()
     defaults = DEFAULT_COHORTS["cpu" if backend == "cpu" else "accelerator"]
     stamp = datetime.datetime.now(datetime.UTC)
@@ -405,24 +468,33 @@ def main(argv: list[str] | None = None) -> None:
         for cohort in cohorts or ((10,) if args.quick else defaults[name]):
             setup = make_setup(WORKLOADS[name], cohort)
             print(f"{name}, cohort {cohort}", flush=True)
+            builds = {"loop": per_client_loop, "bare_vmap": bare_vmap}
             variants = [
-                ("loop", {}, functools.partial(per_client_loop, setup)),
-                ("bare_vmap", {}, functools.partial(bare_vmap, setup)),
+                (baseline, {"algorithm": "fedavg"}, functools.partial(builds[baseline], setup))
+                for baseline in baselines
             ]
             for chunk in chunks:
                 size = auto_chunk(cohort) if chunk == "auto" else chunk
                 for unroll in unrolls:
-                    settings = {
-                        "chunk": size,
-                        "chunk_from": "auto_chunk" if chunk == "auto" else "--chunk",
-                        "unroll": unroll,
-                    }
-                    variants.append(
-                        ("engine", settings, functools.partial(engine, setup, size, unroll))
-                    )
+                    for algorithm in algorithms:
+                        settings = {
+                            "algorithm": algorithm,
+                            "chunk": size,
+                            "chunk_from": "auto_chunk" if chunk == "auto" else "--chunk",
+                            "unroll": unroll,
+                        }
+                        made = None if algorithm == "fedavg" else ALGORITHMS[algorithm]()
+                        variants.append(
+                            (
+                                "engine",
+                                settings,
+                                functools.partial(engine, setup, size, unroll, made),
+                            )
+                        )
             rows = measure(
                 setup, variants, warmup=args.warmup, reps=args.reps, max_s=args.max_timing_s
             )
+            algorithm_ratios(rows)
             workload = WORKLOADS[name]
             common = {
                 "workload": name,
