@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_het.data.diagnostics import gini
 from fedjax_het.system import flhetbench as fb
 from fedjax_het.system.availability import Availability
 from fedjax_het.system.profiles import ClientProfiles, uniform_profiles
@@ -96,7 +97,7 @@ def test_device_metrics_by_hand():
     # 7 * 0.8 = 5.6: 100 + 0.6 * 50 = 130; 10 rounds of 20 + 130 s make the 80 trips, and the
     # ideal is 80 * 20 / 8 = 200 s.
     np.testing.assert_allclose(fb.dev_mc_t(p, key=key, mc=mc), 10 * 150.0 / 200.0, rtol=1e-6)
-    np.testing.assert_allclose(fb.gini(counts), 0.25, rtol=1e-6)  # sum|xi-xj| = 960 / (2*8*240)
+    np.testing.assert_allclose(gini(counts), 0.25, rtol=1e-6)  # sum|xi-xj| = 960 / (2*8*240)
 
 
 def test_state_metrics_by_hand():
@@ -251,10 +252,10 @@ def test_participation_counts_and_gini_by_hand():
     ready = [[np_ready(trace, float(t0)) for trace in [-1, 0, 1, 2] * 2] for t0 in s.start + 20]
     np.testing.assert_array_equal(selected, np.sum(ready, axis=0))  # m = N: all ready go
     np.testing.assert_array_equal(selected[2], 0)  # never ready
-    assert fb.gini(jnp.zeros(3)) == 0.0
+    assert gini(jnp.zeros(3)) == 0.0
     x = np.array([3.0, 0.0, 1.0, 7.0])
     pairs = np.abs(x[:, None] - x[None, :]).sum() / (2 * len(x) * x.sum())
-    np.testing.assert_allclose(fb.gini(x), pairs, rtol=1e-6)
+    np.testing.assert_allclose(gini(x), pairs, rtol=1e-6)
 
 
 def test_settings_are_checked():

@@ -24,7 +24,7 @@ import numpy as np
 
 from fedjax_het.data import fashion_mnist, feature_skew, leaf, partitioners, shakespeare, synthetic
 from fedjax_het.data import tfds as tfds_loader
-from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het.data.federated import FederatedData
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +146,8 @@ def federate(
     ``skew`` (a ``[feature_skew]`` table) then transforms each client's rows
     with ``feature_skew.transform``: the same per-client transform on its train
     and test rows (a client's test data follows its own distribution), except
-    label noise, which corrupts training labels only.
+    label noise, which corrupts training labels only. The store is built (and the indices
+    checked) by ``tfds.federate``.
     """
     params = dict(partition)
     kind = params.pop("kind")
@@ -160,16 +161,10 @@ def federate(
         train = feature_skew.transform(skew_kind, *train, train_parts, seed=seed, **options)
         if skew_kind not in TRAIN_ONLY_SKEW:
             test = feature_skew.transform(skew_kind, *test, test_parts, seed=seed, **options)
-    return FederatedData(
-        train=_gather(*train, train_parts),
-        test=_gather(*test, test_parts),
-        num_classes=pooled.num_classes,
+    return tfds_loader.federate(
+        tfds_loader.ImageSplit(*train, pooled.num_classes),
+        train_parts,
+        test=tfds_loader.ImageSplit(*test, pooled.num_classes),
+        test_partition=test_parts,
         name=pooled.name,
     )
-
-
-def _gather(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> ClientArrays:
-    order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    count = np.array([len(p) for p in parts], np.int32)
-    offset = (np.cumsum(count) - count).astype(np.int32)
-    return ClientArrays(x=x[order], y=y[order].astype(np.int32), offset=offset, count=count)

@@ -29,7 +29,7 @@ from types import ModuleType
 
 import numpy as np
 
-from fedjax_het.data.federated import FederatedData
+from fedjax_het.data.federated import ClientArrays, FederatedData
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,8 @@ class ImageSplit:
     """One centralised split of an image-classification dataset.
 
     Attributes:
-      x: float32 ``[n, height, width, channels]``, pixel values scaled to [0, 1].
+      x: ``[n, ...]`` features; :func:`load_split` gives float32
+        ``[n, height, width, channels]``, pixel values scaled to [0, 1].
       y: int32 ``[n]`` labels in ``[0, num_classes)``.
       num_classes: number of classes of the dataset's label feature.
     """
@@ -122,6 +123,8 @@ def federate(
 ) -> FederatedData:
     """Builds the flat federated store from centralised splits and a partition of each.
 
+    ``catalog.federate`` ends here too, after its partitioner and feature skew.
+
     Args:
       train: the centralised training split.
       partition: one index array into ``train`` per client (a ``partitioners.Partition``).
@@ -135,8 +138,9 @@ def federate(
     """
     if (test is None) != (test_partition is None):
         raise ValueError("pass test and test_partition together, or neither")
+    if len(partition) == 0:
+        raise ValueError("partition holds no clients; give at least one")
     _check_indices(partition, train.y.size, "partition")
-    test_xs = test_ys = None
     if test is not None:
         if len(test_partition) != len(partition):
             raise ValueError(
@@ -148,15 +152,21 @@ def federate(
                 f"test has {test.num_classes} classes but train has {train.num_classes}"
             )
         _check_indices(test_partition, test.y.size, "test_partition")
-        test_xs = [test.x[part] for part in test_partition]
-        test_ys = [test.y[part] for part in test_partition]
-    return FederatedData.from_client_arrays(
-        [train.x[part] for part in partition],
-        [train.y[part] for part in partition],
-        test_xs=test_xs,
-        test_ys=test_ys,
+    return FederatedData(
+        train=_gather(train, partition),
+        test=None if test is None else _gather(test, test_partition),
         num_classes=train.num_classes,
         name=name,
+    )
+
+
+def _gather(split: ImageSplit, partition: Sequence[np.ndarray]) -> ClientArrays:
+    """The flat store of ``split`` whose client k holds rows ``partition[k]``, in that order."""
+    count = np.array([len(part) for part in partition], np.int32)
+    offset = (np.cumsum(count) - count).astype(np.int32)
+    order = np.concatenate(partition)
+    return ClientArrays(
+        x=split.x[order], y=split.y[order].astype(np.int32), offset=offset, count=count
     )
 
 

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -137,22 +138,6 @@ def participation_counts(s: Schedule, num_clients: int, *, successful: bool = Tr
         .at[s.selected.ravel()]
         .add(counted.ravel().astype(jnp.int32))
     )
-
-
-def gini(x: jax.Array) -> jax.Array:
-    """Gini coefficient of non-negative ``x``: ``sum_ij |x_i - x_j| / (2 n sum_i x_i)``.
-
-    0 when everyone participates equally (or nobody does), ``1 - 1/n`` when one client takes all.
-
-    >>> round(float(gini(jnp.array([1.0, 1.0, 1.0]))), 4), round(float(gini(jnp.array([0, 0, 3]))), 4)
-    (0.0, 0.6667)
-    """
-    x = jnp.sort(jnp.asarray(x, float).ravel())
-    n = x.shape[0]
-    total = jnp.sum(x)
-    rank = jnp.arange(1, n + 1, dtype=x.dtype)
-    g = 2 * jnp.sum(rank * x) / (n * jnp.where(total > 0, total, 1.0)) - (n + 1) / n
-    return jnp.where(total > 0, g, 0.0)
 
 
 def r_metric(counts: jax.Array, cap: float | jax.Array) -> jax.Array:
@@ -308,20 +293,43 @@ def _cost_grid(costs, first: float, last) -> jax.Array:
     return jnp.asarray(np.arange(first, last + COST_STEP_S / 2, COST_STEP_S), float)
 
 
-def dev_mc_r(
-    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
-    steps_needed: int | jax.Array = 0,
-):
-    """DevMC-R: the R-metric (Eq. 1) of the device speeds, everyone always available."""
-    return _r(_mc_profiles(profiles, traces=False), key, mc, steps_needed)
+def _dev_or_inter(name: str, run: Callable, *, traces: bool, doc: str) -> Callable[..., jax.Array]:
+    """The Dev* (``traces=False``) or Inter* (``traces=True``) metric ``name`` computed by ``run``.
+
+    ``run`` is ``_r`` or ``_t``; the metric runs it on the profiles without
+    dropout, their traces replaced by ``ALWAYS`` (Dev*) or kept (Inter*).
+    """
+
+    def metric(
+        profiles: ClientProfiles,
+        *,
+        key: PRNGKey,
+        mc: MonteCarlo | None = None,
+        steps_needed: int | jax.Array = 0,
+    ) -> jax.Array:
+        return run(_mc_profiles(profiles, traces=traces), key, mc, steps_needed)
+
+    metric.__name__ = metric.__qualname__ = name
+    metric.__doc__ = doc
+    return metric
 
 
-def inter_mc_r(
-    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
-    steps_needed: int | jax.Array = 0,
-):
-    """InterMC-R: the R-metric (Eq. 1) of device speeds and availability traces together."""
-    return _r(_mc_profiles(profiles, traces=True), key, mc, steps_needed)
+dev_mc_r = _dev_or_inter(
+    "dev_mc_r", _r, traces=False,
+    doc="DevMC-R: the R-metric (Eq. 1) of the device speeds, everyone always available.",
+)
+inter_mc_r = _dev_or_inter(
+    "inter_mc_r", _r, traces=True,
+    doc="InterMC-R: the R-metric (Eq. 1) of device speeds and availability traces together.",
+)
+dev_mc_t = _dev_or_inter(
+    "dev_mc_t", _t, traces=False,
+    doc="DevMC-T: the T-metric of the device speeds, everyone always available.",
+)
+inter_mc_t = _dev_or_inter(
+    "inter_mc_t", _t, traces=True,
+    doc="InterMC-T: the T-metric of device speeds and availability traces together.",
+)
 
 
 def stat_mc_r(
@@ -330,7 +338,7 @@ def stat_mc_r(
     key: PRNGKey,
     mc: MonteCarlo | None = None,
     costs: jax.Array | None = None,
-):
+) -> jax.Array:
     """StatMC-R: the R-metric of the traces alone, averaged over fixed client costs (Eq. 2).
 
     Every client costs ``tau`` ready seconds a round, for each ``tau`` in
@@ -340,29 +348,13 @@ def stat_mc_r(
     return _mean_over_costs(_r, profiles, key, mc, grid)
 
 
-def dev_mc_t(
-    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
-    steps_needed: int | jax.Array = 0,
-):
-    """DevMC-T: the T-metric of the device speeds, everyone always available."""
-    return _t(_mc_profiles(profiles, traces=False), key, mc, steps_needed)
-
-
-def inter_mc_t(
-    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None,
-    steps_needed: int | jax.Array = 0,
-):
-    """InterMC-T: the T-metric of device speeds and availability traces together."""
-    return _t(_mc_profiles(profiles, traces=True), key, mc, steps_needed)
-
-
 def stat_mc_t(
     profiles: ClientProfiles,
     *,
     key: PRNGKey,
     mc: MonteCarlo | None = None,
     costs: jax.Array | None = None,
-):
+) -> jax.Array:
     """StatMC-T: the T-metric of the traces alone, averaged over fixed client costs.
 
     ``costs`` defaults to {0, 10, ..., 240} s, the release's grid (not in the paper).
