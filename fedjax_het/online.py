@@ -5,15 +5,23 @@ right while timing does not depend on model values. Two things break that:
 
 * **selection that learns** (Oort, power-of-choice, HDFL): a ``LearnedSelect``
   picks the cohort from the server's ``ClientRecord``: each client's last
-  training loss, its last measured round time, and how often it was
-  selected, aggregated and lost;
+  training loss, its last measured round time, and how often and when it was
+  selected, aggregated and lost; a ``LearnedSelection`` also keeps its own
+  state, reads each client's ``ClientReport`` (its profile: expected round
+  seconds at mean speeds, dropout probability, examples of its task), and may
+  ask for two measurements: a profile every ``profile_every`` rounds (the
+  global model's arg-max class counts and the label counts over every client's
+  training rows, under ``lax.cond``, before selecting) and squared per-example
+  losses (``ClientRecord.loss_sq``: the round's global model on the examples
+  each client trains, one forward pass beside training);
 * **per-client freezing** (``FederatedAlgorithm.freezing``, FreezeFL): a
   client's upload, hence its finish time, depends on the layers it chose to
   freeze after a probe of local training.
 
-An ``OnlineRound`` step does, in one jitted program: readiness at ``start +
-overhead``; selection; the freezing probe (every selected client trains its
-first ``probe_steps`` steps, scores each freeze depth and picks one);
+An ``OnlineRound`` step does, in one jitted program: the selection's profile
+(on its rounds); readiness at ``start + overhead``; selection; the freezing
+probe (every selected client trains its first ``probe_steps`` steps, scores
+each freeze depth and picks one);
 ``schedule.schedule_round`` with each client's upload bytes; training from
 the row (steps done as step limits, failures at weight 0, the freeze mask
 from the probe's end on); aggregation; and the record. The schedule rows are
@@ -31,6 +39,7 @@ round's training), which costs simulation time, not virtual time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -40,9 +49,16 @@ from flax import struct
 from fedjax_het import rng
 from fedjax_het.algorithm import LocalContext
 from fedjax_het.cohort import run_cohort
-from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
+from fedjax_het.models import Model
 from fedjax_het.round import Round, RunState
-from fedjax_het.sampler import ClientRecord, LearnedSelect
+from fedjax_het.sampler import (
+    ClientRecord,
+    ClientReport,
+    LearnedSelect,
+    LearnedSelection,
+    as_selection,
+)
 from fedjax_het.system import availability as avail
 from fedjax_het.system.policy import RoundPolicy, num_selected
 from fedjax_het.system.profiles import ClientProfiles
@@ -60,12 +76,14 @@ class OnlineState:
       soft_deadline: running mean (EMA) of the mean finish time of the counted clients
         of each round; NaN before the first (FreezeFL's ``T_r``).
       record: the ``ClientRecord``.
+      selection: the learned selection's own state (``LearnedSelection.init``).
     """
 
     run: RunState
     clock: jax.Array
     soft_deadline: jax.Array
     record: ClientRecord
+    selection: PyTree = ()
 
 
 def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
@@ -149,20 +167,26 @@ class OnlineRound:
     Attributes:
       round: the ``round.Round`` (model, algorithm, local work, chunk).
       policy: the round policy.
-      select: the learned selection (``LearnedSelect``); it returns at least
-        ``ceil(m * (1 + over_commit))`` ids.
+      select: the learned selection (``LearnedSelect`` or ``LearnedSelection``); it
+        returns at least ``ceil(m * (1 + over_commit))`` ids.
       soft_deadline_ema: weight of the old value in ``OnlineState.soft_deadline``.
+      profile_batch_size: rows per batch of the selection's profile and loss-square passes.
     """
 
     round: Round
     policy: RoundPolicy
-    select: LearnedSelect
+    select: LearnedSelect | LearnedSelection
     soft_deadline_ema: float = 0.5
+    profile_batch_size: int = 1024
+
+    @property
+    def selection(self) -> LearnedSelection:
+        return as_selection(self.select)
 
     def init(self, run_state: RunState, num_clients: int) -> OnlineState:
         return OnlineState(
             run_state, jnp.asarray(self.policy.start, jnp.float32), jnp.float32(jnp.nan),
-            ClientRecord.empty(num_clients),
+            ClientRecord.empty(num_clients), self.selection.init(num_clients),
         )
 
     def step(
@@ -170,11 +194,12 @@ class OnlineRound:
     ) -> tuple[OnlineState, tuple[dict[str, jax.Array], Schedule]]:
         """One round: ``(state, round) -> (state, (metrics, schedule row))``."""
         round_, policy, profiles = self.round, self.policy, inputs.profiles
+        selection = self.selection
         m = round_.sampler.cohort_size
-        ids, valid = self._select(state, round_idx, inputs)
-        valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
         broadcast = round_.algorithm.broadcast(state.run.server_state)
         full = upload_bytes(broadcast)
+        ids, valid, selection_state = self._select(state, round_idx, inputs, full)
+        valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
         payload_up = jnp.full((profiles.num_clients,), full)
         freezing = round_.algorithm.freezing
         if freezing is not None:
@@ -201,17 +226,35 @@ class OnlineRound:
             tasks = tasks.replace(
                 train_mask=jax.tree.map(lambda mask: mask[depth], masks), mask_from=probe[ids]
             )
+        loss_sq = None
+        if selection.loss_squares:  # the global model of this round, before training
+            params = round_.algorithm.global_params(state.run.server_state)
+            loss_sq = self._loss_squares(params, tasks, inputs.train)
         run_state, stats, metrics = round_.train_cohort(
             state.run, ids, tasks, inputs.hyper, inputs.train
         )
         state = OnlineState(
             run_state, clock, self._soft_deadline(state.soft_deadline, row),
-            _recorded(state.record, row, stats, policy.overhead),
+            _recorded(state.record, row, stats, policy.overhead, loss_sq), selection_state,
         )
         return state, (metrics, row)
 
-    def _select(self, state: OnlineState, round_idx, inputs: RoundInputs):
-        profiles = inputs.profiles
+    def _select(self, state: OnlineState, round_idx, inputs: RoundInputs, payload: jax.Array):
+        """``(ids, valid, selection state)``, after the selection's profile on its rounds."""
+        profiles, selection = inputs.profiles, self.selection
+        selection_state = state.selection
+        if selection.profile is not None:
+            params = self.round.algorithm.global_params(state.run.server_state)
+
+            def profiled(s):
+                predicted, actual = class_counts(
+                    self.round.model, params, inputs.train, batch_size=self.profile_batch_size
+                )
+                return selection.profile(s, predicted, actual)
+
+            selection_state = jax.lax.cond(
+                round_idx % selection.profile_every == 0, profiled, lambda s: s, selection_state
+            )
         if self.policy.availability_aware:
             ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(
                 avail.queryable(profiles.availability), profiles.trace,
@@ -220,7 +263,43 @@ class OnlineRound:
         else:
             ready = jnp.ones((profiles.num_clients,), bool)
         select_key = rng.stream(rng.round_key(inputs.key, round_idx), "select")
-        return self.select(select_key, round_idx, ready, state.record)
+        report = ClientReport(
+            seconds=payload / profiles.down_mean + inputs.steps_needed * profiles.step_time
+            + payload / profiles.up_mean,
+            dropout=profiles.dropout,
+            examples=self.round.spec.work.examples_to_process(inputs.train.count),
+        )
+        return selection.select(
+            select_key, round_idx, ready, state.record, selection_state, report
+        )
+
+    def _loss_squares(self, params: Params, tasks: ClientTask, train: DeviceSplit) -> jax.Array:
+        """``[S]`` sum of squared per-example losses of ``params`` on the examples each slot trains.
+
+        The slots' batches are ``local.client_batches`` of the round's tasks (the same
+        rows, steps and step limits as training); batches run under ``lax.map``.
+        """
+        spec, model = self.round.spec, self.round.model
+        plain = ClientTask(tasks.client_id, tasks.weight, tasks.step_limit, tasks.key)
+
+        def rows(task):
+            indices, example_mask, num_steps = client_batches(spec, task, train)
+            return indices, example_mask & (jnp.arange(spec.max_steps) < num_steps)[:, None]
+
+        indices, active = jax.vmap(rows)(plain)  # [S, max_steps, batch]
+        slots, steps, batch = indices.shape
+
+        def one_batch(inputs):
+            idx, act = inputs
+            outputs = model.apply(params, train.x[idx], train=False, key=None)
+            loss = model.per_example_loss(outputs, train.y[idx])
+            return jnp.sum(jnp.where(act, jnp.square(loss), 0.0))
+
+        sums = jax.lax.map(
+            one_batch, (indices.reshape(-1, batch), active.reshape(-1, batch)),
+            batch_size=max(1, self.profile_batch_size // batch),
+        )
+        return jnp.sum(sums.reshape(slots, steps), axis=1)
 
     def _depths(self, state, broadcast, ids, probe, seconds, round_idx, inputs: RoundInputs):
         """Each slot's freeze depth, chosen after its first ``probe`` steps (weight 0, no sums).
@@ -267,21 +346,57 @@ def _step_scale(inputs: RoundInputs, probe: jax.Array) -> jax.Array:
     return (probed + (needed - probed) * inputs.step_costs[None, :]) / needed
 
 
-def _recorded(record: ClientRecord, row: Schedule, stats, overhead) -> ClientRecord:
+def class_counts(
+    model: Model, params: Params, split: DeviceSplit, *, batch_size: int
+) -> tuple[jax.Array, jax.Array]:
+    """``(predicted, actual)``, ``[N, C]`` each: per client, its rows by arg-max output, by label.
+
+    Rows belong to clients in order (``ClientArrays.client_ids``); they run in
+    batches of ``batch_size`` under ``lax.map``, the last padded and masked.
+    """
+    n, num_clients = split.y.shape[0], split.count.shape[0]
+    num_batches = max(1, -(-n // batch_size))
+    rows = jnp.arange(num_batches * batch_size).reshape(num_batches, batch_size)
+
+    apply = functools.partial(model.apply, train=False, key=None)
+    num_classes = jax.eval_shape(apply, params, split.x[:1]).shape[-1]
+    predicted = jax.lax.map(
+        lambda idx: jnp.argmax(apply(params, split.x[jnp.minimum(idx, n - 1)]), -1), rows
+    ).reshape(-1)[:n]
+    owner = jnp.repeat(jnp.arange(num_clients), split.count, total_repeat_length=n)
+    owned = jnp.arange(n) < jnp.sum(split.count)
+
+    def counts(classes):
+        cells = owner * num_classes + jnp.clip(classes, 0, num_classes - 1)
+        flat = jax.ops.segment_sum(owned.astype(jnp.float32), cells, num_clients * num_classes)
+        return flat.reshape(num_clients, num_classes)
+
+    return counts(predicted), counts(split.y)
+
+
+def _recorded(
+    record: ClientRecord, row: Schedule, stats, overhead, loss_sq: jax.Array | None
+) -> ClientRecord:
     """``record`` after a round: losses of clients that computed, times of those that finished."""
-    ids, valid = row.selected, row.valid
+    ids, valid, round_idx = row.selected, row.valid, row.version
     started = valid & (row.outcome != UNAVAILABLE) & (row.outcome != EMPTY)
     ok = valid & (row.outcome == OK)
-    loss = stats.loss_sum / jnp.maximum(stats.examples, 1)
+    examples = jnp.maximum(stats.examples, 1)
     computed = started & (stats.examples > 0)
 
     def put(field, new, where):
         return field.at[ids].set(jnp.where(where, new, field[ids]))
 
     return ClientRecord(
-        loss=put(record.loss, loss, computed),
+        loss=put(record.loss, stats.loss_sum / examples, computed),
         seconds=put(record.seconds, row.finish - overhead, ok),
         selected=put(record.selected, record.selected[ids] + 1, valid),
         aggregated=put(record.aggregated, record.aggregated[ids] + 1, ok),
         lost=put(record.lost, record.lost[ids] + 1, started & ~ok),
+        loss_sq=record.loss_sq if loss_sq is None else put(
+            record.loss_sq, loss_sq / examples, computed
+        ),
+        examples=put(record.examples, stats.examples.astype(jnp.int32), computed),
+        last_selected=put(record.last_selected, round_idx, valid),
+        last_aggregated=put(record.last_aggregated, round_idx, ok),
     )

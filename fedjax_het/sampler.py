@@ -7,8 +7,13 @@ types and never imports ``fedjax_het.sampling``, which imports the engine.
 * a :class:`Sampler` selects from the round's key alone, so a whole run's
   cohorts (and schedule) can be computed before training;
 * a :data:`LearnedSelect` also reads the server's :class:`ClientRecord` of
-  what clients did in earlier rounds (power-of-choice, Oort, HDFL), and runs
-  inside the training loop (``fedjax_het.online``).
+  what clients did in earlier rounds (power-of-choice), and runs inside the
+  training loop (``fedjax_het.online``);
+* a :class:`LearnedSelection` is a learned selection with its own state (Oort's
+  pacer, HDFL's underestimation index), the clients' :class:`ClientReport` of
+  their profiles, and measurements it asks the engine for: a profile of the
+  global model's predictions over every client's training data every
+  ``profile_every`` rounds, and squared per-example training losses.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.typing import PRNGKey
+from fedjax_het.typing import PRNGKey, PyTree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,12 @@ class ClientRecord:
       selected: rounds it was selected in.
       aggregated: rounds its update counted (OK).
       lost: rounds it started but did not count (late or dropped).
+      loss_sq: mean squared per-example loss of the global model on the examples it
+        trained in its last round with work (NaN: never, or not measured: the engine
+        measures it only for a ``LearnedSelection`` with ``loss_squares``).
+      examples: examples it processed in its last round with work (0: never).
+      last_selected: the last round it was selected in (-1: never).
+      last_aggregated: the last round its update counted (-1: never).
     """
 
     loss: jax.Array
@@ -58,11 +69,35 @@ class ClientRecord:
     selected: jax.Array
     aggregated: jax.Array
     lost: jax.Array
+    loss_sq: jax.Array
+    examples: jax.Array
+    last_selected: jax.Array
+    last_aggregated: jax.Array
 
     @classmethod
     def empty(cls, num_clients: int) -> ClientRecord:
         nan, zero = jnp.full((num_clients,), jnp.nan), jnp.zeros((num_clients,), jnp.int32)
-        return cls(loss=nan, seconds=nan, selected=zero, aggregated=zero, lost=zero)
+        never = jnp.full((num_clients,), -1, jnp.int32)
+        return cls(
+            loss=nan, seconds=nan, selected=zero, aggregated=zero, lost=zero, loss_sq=nan,
+            examples=zero, last_selected=never, last_aggregated=never,
+        )
+
+
+@struct.dataclass
+class ClientReport:
+    """What every client declares about itself, ``[N]`` each: its profile as the server is told.
+
+    Attributes:
+      seconds: expected seconds of a full round's work at its mean speeds (download,
+        every local step, upload; no server overhead, no waiting for availability).
+      dropout: probability that it drops out of a round it started.
+      examples: examples its full local task processes (local data times epochs).
+    """
+
+    seconds: jax.Array
+    dropout: jax.Array
+    examples: jax.Array
 
 
 # ``(key, round_idx, ready bool [N], record) -> (ids int32 [S], valid bool [S])``: ``key`` is the
@@ -70,3 +105,48 @@ class ClientRecord:
 # valid slots must be distinct.
 LearnedSelect = Callable[[PRNGKey, jax.Array, jax.Array, ClientRecord], tuple[jax.Array, jax.Array]]
 
+
+@dataclasses.dataclass(frozen=True)
+class LearnedSelection:
+    """A learned selection with state, the clients' reports and measurements it asks for.
+
+    Attributes:
+      select: ``(key, round_idx, ready, record, state, report) -> (ids, valid, state)``,
+        as a ``LearnedSelect`` (same key, ``ready``, slots and distinct valid ids) that
+        also reads and returns its own ``state`` and reads the ``ClientReport``.
+      init: ``num_clients -> state``, the state before round 0 (a pytree of arrays).
+      profile: ``(state, predicted, actual) -> state`` or None. Every ``profile_every``
+        rounds (round 0 included), before selecting, the engine runs the global model
+        over every client's training rows and passes ``predicted [N, C]`` (rows whose
+        arg-max output is each class) and ``actual [N, C]`` (rows with each label).
+      profile_every: rounds between profiles (0: none; required with ``profile``).
+      loss_squares: measure ``ClientRecord.loss_sq`` (one forward pass of the global
+        model over the examples each selected client trained).
+      name: a short name for logs.
+    """
+
+    select: Callable[..., tuple[jax.Array, jax.Array, PyTree]]
+    init: Callable[[int], PyTree] = lambda num_clients: ()
+    profile: Callable[[PyTree, jax.Array, jax.Array], PyTree] | None = None
+    profile_every: int = 0
+    loss_squares: bool = False
+    name: str = "selection"
+
+    def __post_init__(self):
+        if (self.profile is None) != (self.profile_every == 0) or self.profile_every < 0:
+            raise ValueError(
+                f"a profile needs profile_every >= 1 and profile_every needs a profile, got "
+                f"{self.profile_every} with profile {self.profile!r}"
+            )
+
+
+def as_selection(select: LearnedSelect | LearnedSelection) -> LearnedSelection:
+    """A ``LearnedSelection`` as it is; a ``LearnedSelect`` with no state, asking for nothing."""
+    if isinstance(select, LearnedSelection):
+        return select
+
+    def stateless(key, round_idx, ready, record, state, report):
+        del report
+        return (*select(key, round_idx, ready, record), state)
+
+    return LearnedSelection(stateless, name=getattr(select, "__name__", "selection"))
