@@ -79,3 +79,19 @@ def test_data_describe(tmp_path, capsys):
     assert (tmp_path / "data_summary.json").exists()
     assert (tmp_path / "label_heatmap.png").exists()
     assert "20" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name", ["scaffold", "feddyn", "qffl", "ditto", "fedper", "fedrep", "ifca"]
+)
+def test_every_algorithm_with_memory_runs_from_the_command_on_the_default_data(name, tmp_path):
+    """`fedjax-het run --set algorithm.name=X` on the default data and model, two rounds."""
+    out = tmp_path / name
+    args = ["run", "--set", f"algorithm.name={name!r}", "--set", "rounds=2",
+            "--set", "eval_every=2", "--out", str(out), "--no-progress"]
+    assert cli.main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2
+    personal = name in ("ditto", "fedper", "fedrep", "ifca")
+    assert ("personal_accuracy_mean" in summary) == personal
+    assert summary["client_state_placement"] in ("device", "none")
