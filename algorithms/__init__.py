@@ -1,8 +1,30 @@
 """Federated learning algorithms, one module each (``fedjax_het.algorithms``)."""
 
 from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.ditto import ditto
 from fedjax_het.algorithms.fedavg import fedadagrad, fedadam, fedavg, fedavgm, fedyogi
+from fedjax_het.algorithms.feddyn import feddyn
 from fedjax_het.algorithms.fednova import fednova
 from fedjax_het.algorithms.fedprox import fedprox
+from fedjax_het.algorithms.ifca import ifca
+from fedjax_het.algorithms.personal_layers import fedper, fedrep
+from fedjax_het.algorithms.qffl import qffl
+from fedjax_het.algorithms.scaffold import scaffold
 
-__all__ = ["fedadagrad", "fedadam", "fedavg", "fedavgm", "fednova", "fedprox", "fedyogi", "optimizers"]
+__all__ = [
+    "ditto",
+    "fedadagrad",
+    "fedadam",
+    "fedavg",
+    "fedavgm",
+    "feddyn",
+    "fednova",
+    "fedper",
+    "fedprox",
+    "fedrep",
+    "fedyogi",
+    "ifca",
+    "optimizers",
+    "qffl",
+    "scaffold",
+]

@@ -2,6 +2,8 @@
 
 from fedjax_het.sampling.dpcsm import StateSample, dpcsm, ready_fraction_score
 from fedjax_het.sampling.dpgmm import DeviceSample, dpgmm
+from fedjax_het.sampling.hdfl import hdfl, ls_fl
+from fedjax_het.sampling.oort import oort
 from fedjax_het.sampling.power_of_choice import power_of_choice
 from fedjax_het.sampling.presets import (
     DEVICE_CASES,
@@ -29,7 +31,10 @@ __all__ = [
     "StateSample",
     "dpcsm",
     "dpgmm",
+    "hdfl",
     "interplay_grid",
+    "ls_fl",
+    "oort",
     "power_of_choice",
     "ready_fraction_score",
     "sample_devices",
