@@ -1,56 +1,46 @@
 """Throughput of one fedjax_het round against a per-client loop and a bare ``vmap``.
 
-One round of FedAvg (McMahan et al. 2017, Algorithm 1: uniform sampling, one
-local epoch of SGD, example-weighted mean, server step 1) is timed three ways,
-in one process, on the same model, data, initial params, selected clients and
-batch indices (DESIGN.md §9):
+The implementations (``engine``, ``loop``, ``bare_vmap``), the heterogeneous
+round (``--systems flash-deadline``), the validation gate and the timing are
+``bench_harness``'s; this script holds the workloads, the suites and the
+targets. Each cell (workload, cohort) draws its own synthetic data: N(0, 1)
+inputs, uniform labels, every client the same size, the cohort drawn from
+twice as many clients.
 
-* ``engine``: ``round.Round.step`` jitted as one program: in-jit sampling and
-  batching, gather, chunked local training with masks, aggregation, server
-  update. Chunk from ``cohort.auto_chunk`` unless ``--chunk`` says.
-* ``loop``: what per-client simulators do. One jitted call draws the cohort and
-  its batch indices with the engine's own sampler and ``batch_indices`` (so the
-  clients and batches are the same), a Python loop calls one jitted client
-  update per client (gather, plain SGD, weighted add to a running sum), and one
-  jitted call makes the server step.
-* ``bare_vmap``: the lower bound. One ``jax.vmap`` of a plain per-client SGD
-  scan over every client, gather from the flat store included, no masks and no
-  in-jit sampling (ids and indices are inputs drawn before timing).
+Suites (``--suite``; flags given on the command line override a suite's):
+
+* ``cpu`` (the default on CPU): W1 at 10 and 100 clients, W2 at 10; the
+  homogeneous round only; the loop timed on the whole cohort.
+* ``gpu`` (the default on accelerators), issue 11 item 6: W1 at 100, 1,000 and
+  10,000 clients, W2 at 10, 100 and 1,000; every cell has the homogeneous
+  engine round, the full heterogeneous round (``flash-deadline``: FLASH
+  devices, deadline with partial work, 10 % dropouts), both loops and the bare
+  ``vmap``. A loop is timed on at most LOOP_CLIENTS = 1,000 clients of its
+  cohort and its seconds scaled linearly to the cohort (rows marked
+  ``extrapolated``); its gate round always runs the whole cohort and its
+  seconds are ``first_round_s``. The table at the end checks TARGETS: PASS or
+  FAIL on an H100, "not an H100" elsewhere, "quick" for ``--quick``.
+
+``--quick`` is a smoke run of a suite's machinery at small sizes: ``cpu``: W1
+at 10 clients; ``gpu``: W1 at 4, 16, 64 and W2 at 2, 4, 8 clients, the loop
+timed on 8 (so the extrapolation runs), 3 timed rounds. Its figures are not
+results. ``--suite scale`` hands every other flag to ``bench_scale.py`` (the
+100,000-client scale test), so ``make bench ARGS="--suite scale"`` runs it.
 
 ``--algorithms fedavg,scaffold`` adds an engine round of SCAFFOLD (Karimireddy
-et al. 2020, ``algorithms/scaffold.py``) beside FedAvg's for each chunk and
-unrolling, on the same setup (model, data, initial params, cohort, batches,
-learning rates); its rows carry ``ratio_to_fedavg``, its median over FedAvg's
-engine median at the same settings, measured in the same interleaved run. Its
-control variates start at zero, so its round equals FedAvg's and passes the
-same gate. ``--baselines`` keeps only some of ``loop`` and ``bare_vmap``
-(``none``: the first engine row is the gate's reference).
+et al. 2020, ``algorithms/scaffold.py``) beside FedAvg's for each chunk,
+unrolling and system, on the same setup; its rows carry ``ratio_to_fedavg``.
+Its control variates start at zero, so its round equals FedAvg's and passes
+the same gate. ``--baselines`` keeps only some of ``loop`` and ``bare_vmap``
+(``none``: the first engine row of each system is its gate reference).
 
 The baselines unroll their local steps (XLA:CPU runs convolution gradients
 inside a ``while`` loop several times slower); the engine's unrolling is
-``--unroll`` (default 1, as in ``simulate.run``).
-
-Validation gate: before its time counts, the global params after the round of
-``engine`` and ``bare_vmap`` must match ``loop`` within GATE_TOLERANCE = 5e-3 in
-``||p - p_loop||_2 / ||p_loop - p_0||_2`` over all params (the error relative to
-the round's global update). Measured on CPU with 10 clients: float32 rounding
-alone puts the W2 round of ``loop`` 3.3e-4 and of ``bare_vmap`` 1.4e-3 from a
-float64 evaluation (XLA:CPU's batched convolutions accumulate less accurately);
-real mistakes give 1e-2 and more (W1 / W2: the update scaled by 1.01: 1e-2 /
-1e-2; one example of one client duplicated: 6e-2 / 1.5e-1; one client left
-out: 3e-1 / 9e-2).
-
-Timing: the gate round (the first warm-up), ``--warmup`` more untimed rounds
-(none when MIN_REPS rounds like the gate's would pass ``--max-timing-s``), then
-up to ``--reps`` timed rounds per implementation, interleaved (one round of
-each in turn, so that other processes' load hits all alike), each blocked
-until every output is ready; an implementation stops early, after MIN_REPS
-rounds, once its rounds add up to ``--max-timing-s``. Compile time (trace,
-lower and XLA compile of every jitted function) is reported apart. One JSON
-line per (workload, cohort, implementation) holds median and min-max, the
-ratios engine/loop and engine/bare of this run, the gate, the 1-minute load
-average before each timed round, and the environment read by the program
-(versions, device, XLA flags, git revision).
+``--unroll`` (default 1, as in ``simulate.run``). One JSON line per (workload,
+cohort, implementation) holds median and min-max, the ratios engine/loop and
+engine/bare of this run, the gate, the 1-minute load average before each timed
+round, the system's schedule summary, and the environment read by the program;
+a last line holds the targets.
 """
 
 from __future__ import annotations
@@ -60,40 +50,25 @@ import dataclasses
 import datetime
 import functools
 import json
-import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_harness as harness
+import bench_scale
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import models, results, rng
-from fedjax_het.algorithm import FederatedAlgorithm
-from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het import models, results
 from fedjax_het.algorithms.scaffold import scaffold
 from fedjax_het.cohort import auto_chunk
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.local import DeviceSplit, LocalSpec, client_batches
-from fedjax_het.round import Round, RunState, device_split, init_state
-from fedjax_het.sampling import uniform
-from fedjax_het.typing import Hyper, Params
 
-GATE_TOLERANCE = 5e-3
-MIN_REPS = 3  # timed rounds kept even past --max-timing-s
 POPULATION_PER_COHORT = 2  # the sampler draws the cohort from twice as many clients
-SEED = 0
-ROUND = 0
-ALGORITHMS = {"fedavg": fedavg, "scaffold": scaffold}  # engine algorithms, default settings
+ALGORITHMS = {"fedavg": None, "scaffold": scaffold}  # engine algorithms (None: the setup's)
 BASELINES = ("loop", "bare_vmap")
-DEFAULT_COHORTS = {  # CPU: a full run stays near 8 minutes on 2 shared cores
-    "cpu": {"W1": (10, 100), "W2": (10,)},
-    "accelerator": {"W1": (10, 100, 1000), "W2": (10, 100, 1000)},
-}
+LOOP_CLIENTS = 1000  # gpu suite: loops timed on at most this many clients, then scaled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,284 +90,201 @@ WORKLOADS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
-    """One (workload, cohort): the engine's round description, its inputs and initial state."""
+class Target:
+    """``metric`` of the full heterogeneous FedAvg engine round at a suite's ``position``-th
+    cohort of ``workload`` must be at most ``limit`` (issue 11, item 6)."""
 
-    workload: Workload
-    cohort: int
-    round_: Round
-    train: DeviceSplit
-    hyper: Hyper
-    key: jax.Array
-    state: RunState
-
-    @property
-    def params(self) -> Params:
-        return self.state.server_state.params
+    workload: str
+    position: int
+    metric: str  # "ratio_to_bare_vmap" or "median_s"
+    limit: float
+    system: str = "flash-deadline"
 
 
-def make_setup(workload: Workload, cohort: int) -> Setup:
-    """Synthetic N(0, 1) inputs and uniform labels; FedAvg with its default learning rates."""
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """Cells, systems and loop cap of a preset, and their ``--quick`` counterparts."""
+
+    cohorts: dict[str, tuple[int, ...]]
+    systems: tuple[str, ...]
+    loop_clients: int | None
+    quick_cohorts: dict[str, tuple[int, ...]]
+    quick_loop_clients: int | None
+    max_timing_s: float
+    targets: tuple[Target, ...] = ()
+
+
+SUITES = {  # cpu: a full run stays near 8 minutes on 2 shared cores
+    "cpu": Suite({"W1": (10, 100), "W2": (10,)}, ("none",), None, {"W1": (10,)}, None, 60.0),
+    "gpu": Suite(
+        {"W1": (100, 1000, 10000), "W2": (10, 100, 1000)},
+        harness.SYSTEMS,
+        LOOP_CLIENTS,
+        {"W1": (4, 16, 64), "W2": (2, 4, 8)},
+        8,
+        30.0,
+        (
+            Target("W1", 1, "ratio_to_bare_vmap", 1.25),  # W1, 1,000 clients
+            Target("W2", 1, "ratio_to_bare_vmap", 1.25),  # W2, 100 clients
+            Target("W2", 2, "median_s", 0.75),  # W2, 1,000 clients, seconds a round
+        ),
+    ),
+}
+TARGET_DEVICE = "H100"
+
+
+def make_setup(workload: Workload, cohort: int) -> harness.Setup:
+    """Synthetic N(0, 1) inputs and uniform labels for twice ``cohort`` equal clients."""
     population, n = POPULATION_PER_COHORT * cohort, workload.examples_per_client
-    data_rng = np.random.default_rng(SEED)
+    data_rng = np.random.default_rng(harness.SEED)
     x = data_rng.standard_normal((population * n, *workload.example_shape), dtype=np.float32)
     y = data_rng.integers(0, workload.num_classes, population * n, dtype=np.int32)
     offset = np.arange(population, dtype=np.int32) * n
-    train = device_split(ClientArrays(x, y, offset, np.full(population, n, np.int32)))
-    model, algorithm = workload.make_model(), fedavg()
+    train = ClientArrays(x, y, offset, np.full(population, n, np.int32))
     work = LocalWork(workload.batch_size, epochs=1.0)
-    spec = LocalSpec(model, algorithm, work, work.static_steps(n), n)
-    round_ = Round(model, algorithm, uniform(population, cohort), spec, chunk=1)
-    hyper, key = algorithm.hyper(), rng.seed_key(SEED)
-    state = init_state(model, algorithm, population, hyper, key)
-    return Setup(workload, cohort, round_, train, hyper, key, state)
+    return harness.make_setup(workload.make_model(), train, work, cohort)
 
 
-def cohort_plan(setup: Setup, round_idx: jax.Array, train: DeviceSplit, key: jax.Array):
-    """The round's ids, weights, batch indices and example masks, drawn as the engine draws them."""
-    ids, tasks = setup.round_.cohort(round_idx, train, key)
-    indices, masks, _ = jax.vmap(lambda t: client_batches(setup.round_.spec, t, train))(tasks)
-    return ids, tasks.weight, indices, masks
-
-
-def sgd_steps(model: models.Model, params: Params, xs, ys, masks, lr) -> Params:
-    """Plain SGD ``p <- p - lr * grad`` over the leading (step) axis, steps unrolled.
-
-    ``masks`` None takes the plain mean loss of every batch (the bare ``vmap``).
-    """
-
-    def batch_loss(p, x, y, mask):
-        outputs = model.apply(p, x, train=True, key=None)
-        if mask is None:
-            return jnp.mean(model.per_example_loss(outputs, y))
-        return model.loss(outputs, y, mask)
-
-    def step(p, batch):
-        x, y, *mask = batch
-        grads = jax.grad(batch_loss)(p, x, y, mask[0] if mask else None)
-        return jax.tree.map(lambda a, g: a - lr * g, p, grads), None
-
-    batches = (xs, ys) if masks is None else (xs, ys, masks)
-    return jax.lax.scan(step, params, batches, unroll=True)[0]
-
-
-@dataclasses.dataclass
-class Implementation:
-    """A compiled round: ``run()`` returns ``(global params, every output to block on)``."""
-
-    run: Callable[[], tuple[Params, Any]]
-    compile_s: float
-
-
-def compile_timed(*jobs: tuple[Callable, tuple]) -> tuple[list[Callable], float]:
-    """Traces, lowers and compiles each ``(fn, args)``; returns the executables and the seconds."""
-    start = time.perf_counter()
-    compiled = [jax.jit(fn).lower(*args).compile() for fn, args in jobs]
-    return compiled, time.perf_counter() - start
-
-
-def engine(
-    setup: Setup, chunk: int, unroll: int, algorithm: FederatedAlgorithm | None = None
-) -> Implementation:
-    """``Round.step`` of ``algorithm`` (default: the setup's FedAvg) as one compiled program,
-    ``chunk`` clients per ``vmap``; another algorithm starts from its own initial state
-    (same key, so the same initial params) with its default hyperparameters."""
-    state, hyper = setup.state, setup.hyper
-    if algorithm is None:
-        algorithm = setup.round_.algorithm
-    else:
-        hyper = algorithm.hyper()
-        population = setup.round_.sampler.num_clients
-        state = init_state(setup.round_.model, algorithm, population, hyper, setup.key)
-    spec = dataclasses.replace(setup.round_.spec, algorithm=algorithm, unroll=unroll)
-    round_ = dataclasses.replace(setup.round_, algorithm=algorithm, chunk=chunk, spec=spec)
-    args = (state, jnp.int32(ROUND), hyper, setup.train, setup.key)
-    (step,), compile_s = compile_timed((round_.step, args))
-
-    def run():
-        state, metrics = step(*args)
-        return algorithm.global_params(state.server_state), (state, metrics)
-
-    return Implementation(run, compile_s)
-
-
-def per_client_loop(setup: Setup) -> Implementation:
-    """One jitted plan, one jitted update per client in a Python loop, one jitted server step."""
-    model, train, params = setup.round_.model, setup.train, setup.params
-    lr, plan_args = setup.hyper["client_lr"], (jnp.int32(ROUND), setup.train, setup.key)
-    plan_fn = functools.partial(cohort_plan, setup)
-    _, weights, indices, masks = jax.jit(plan_fn)(*plan_args)
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    slots = [jnp.int32(k) for k in range(setup.cohort)]
-
-    def client_update(params, total, x, y, indices, masks, weights, k, lr):
-        local = sgd_steps(model, params, x[indices[k]], y[indices[k]], masks[k], lr)
-        return jax.tree.map(lambda t, p, q: t + weights[k] * (p - q), total, params, local)
-
-    def server_step(params, total, weights):
-        return jax.tree.map(lambda p, t: p - t / jnp.sum(weights), params, total)
-
-    (plan, client, server), compile_s = compile_timed(
-        (plan_fn, plan_args),
-        (client_update, (params, zeros, train.x, train.y, indices, masks, weights, slots[0], lr)),
-        (server_step, (params, zeros, weights)),
-    )
-
-    def run():
-        _, weights, indices, masks = plan(*plan_args)
-        total = zeros
-        for k in slots:
-            total = client(params, total, train.x, train.y, indices, masks, weights, k, lr)
-        new_params = server(params, total, weights)
-        return new_params, new_params
-
-    return Implementation(run, compile_s)
-
-
-def bare_vmap(setup: Setup) -> Implementation:
-    """One ``vmap`` of plain SGD over every client; ids and indices drawn before timing."""
-    model, train, params = setup.round_.model, setup.train, setup.params
-    _, weights, indices, masks = jax.jit(functools.partial(cohort_plan, setup))(
-        jnp.int32(ROUND), train, setup.key
-    )
-    if not bool(jnp.all(masks)):
-        raise ValueError("bare_vmap has no masks: every client needs full batches")
-
-    def bare_round(params, x, y, indices, weights, lr):
-        local = jax.vmap(lambda xs, ys: sgd_steps(model, params, xs, ys, None, lr))(
-            x[indices], y[indices]
-        )
-        share = weights / jnp.sum(weights)
-        return jax.tree.map(lambda l: jnp.tensordot(share, l, axes=1), local)
-
-    args = (params, train.x, train.y, indices, weights, setup.hyper["client_lr"])
-    (compiled,), compile_s = compile_timed((bare_round, args))
-
-    def run():
-        new_params = compiled(*args)
-        return new_params, new_params
-
-    return Implementation(run, compile_s)
-
-
-def gate_error(params: Params, reference: Params, initial: Params) -> float:
-    """``||params - reference||_2 / ||reference - initial||_2`` over all leaves, in float64."""
-
-    def flat(tree):
-        return np.concatenate(
-            [np.asarray(leaf, np.float64).ravel() for leaf in jax.tree.leaves(tree)]
-        )
-
-    reference = flat(reference)
-    return float(
-        np.linalg.norm(flat(params) - reference) / np.linalg.norm(reference - flat(initial))
-    )
-
-
-def measure(
-    setup: Setup,
-    variants: list[tuple[str, dict, Callable[[], Implementation]]],
+def variants(
+    setup: harness.Setup,
     *,
-    warmup: int,
-    reps: int,
-    max_s: float,
-) -> list[dict[str, Any]]:
-    """Builds, validates and times each ``(name, settings, build)``; the first is the reference.
+    systems: list[str],
+    baselines: list[str],
+    chunks: list[int | str],
+    unrolls: tuple[int, ...],
+    algorithms: list[str],
+    loop_clients: int | None,
+) -> tuple[list[harness.Variant], Callable[[], tuple[Any, dict]]]:
+    """The cell's variants, each system's baselines first (its gate reference), and the
+    memoised builder of the heterogeneous schedule row (built by the first variant needing it,
+    so that its failure is recorded in the rows)."""
+    plan = functools.cache(functools.partial(harness.flash_deadline_plan, setup))
+    out = []
+    for system in systems:
+        row_plan = (lambda: None) if system == "none" else (lambda: plan()[0])
+        for baseline in baselines:
+            if baseline == "loop":
+                build = lambda p=row_plan: harness.per_client_loop(setup, p(), loop_clients)
+            elif system == "none":
+                build = functools.partial(harness.bare_vmap, setup)
+            else:
+                continue  # the bare vmap has no masks: it is the homogeneous lower bound
+            out.append(harness.Variant(baseline, {"system": system, "algorithm": "fedavg"}, build))
+        for chunk in chunks:
+            size = auto_chunk(setup.cohort) if chunk == "auto" else chunk
+            for unroll in unrolls:
+                for algorithm in algorithms:
+                    settings = {
+                        "system": system,
+                        "algorithm": algorithm,
+                        "chunk": size,
+                        "chunk_from": "auto_chunk" if chunk == "auto" else "--chunk",
+                        "unroll": unroll,
+                    }
+                    factory = ALGORITHMS[algorithm]
 
-    Timed rounds are interleaved (one round of each implementation in turn) so
-    that a change of machine load hits them alike. An implementation stops
-    after ``reps`` rounds, or after MIN_REPS once its rounds add up to ``max_s``.
-    A variant that fails (out of memory, say) gets a row with its error and no time.
-    """
-    rows, impls, reference = [], [], None
-    for name, settings, build in variants:
-        row = {"implementation": name, **settings}
-        rows.append(row)
-        try:
-            impl = build()
-            start = time.perf_counter()
-            params = jax.block_until_ready(impl.run())[0]
-            row.update(compile_s=impl.compile_s, first_round_s=time.perf_counter() - start)
-            params = jax.device_get(params)
-        except Exception as error:  # noqa: BLE001 - recorded in the row, the run goes on
-            row["error"] = f"{type(error).__name__}: {str(error)[:500]}"
-            print(f"  {name:9s} {settings} failed: {row['error'][:200]}", flush=True)
-            continue
-        if reference is None:
-            reference, row["gate"] = params, {"reference": True}
-        else:
-            value = gate_error(params, reference, setup.params)
-            row["gate"] = {
-                "metric": "rel_l2_to_loop",
-                "value": value,
-                "tolerance": GATE_TOLERANCE,
-                "passed": value <= GATE_TOLERANCE,
-            }
-        if row["gate"].get("passed", True):
-            impls.append((row, impl))
-    for row, impl in impls:
-        row["warmup_rounds"] = 0 if row["first_round_s"] * MIN_REPS > max_s else warmup
-        for _ in range(row["warmup_rounds"]):
-            jax.block_until_ready(impl.run())
-        row.update(times_s=[], loadavg_1min=[])
-    active = impls
-    while active:
-        for row, impl in active:
-            row["loadavg_1min"].append(os.getloadavg()[0])
-            start = time.perf_counter()
-            jax.block_until_ready(impl.run())
-            row["times_s"].append(time.perf_counter() - start)
-        active = [
-            (row, impl)
-            for row, impl in active
-            if len(row["times_s"]) < reps
-            and (len(row["times_s"]) < MIN_REPS or sum(row["times_s"]) < max_s)
-        ]
-    for row, _ in impls:
-        times = row["times_s"]
-        row.update(
-            reps_timed=len(times),
-            median_s=statistics.median(times),
-            min_s=min(times),
-            max_s=max(times),
-        )
-    medians = {r["implementation"]: r["median_s"] for r in rows if "median_s" in r}
-    for row in rows:
-        print(
-            f"  {row['implementation']:9s} "
-            f"{json.dumps({k: row[k] for k in ('algorithm', 'chunk', 'unroll') if k in row})}"
-            f" compile {row.get('compile_s', float('nan')):6.1f} s  median "
-            f"{row.get('median_s', float('nan')):8.4f} s  x{row.get('reps_timed', 0)}  "
-            f"gate {row.get('gate', {}).get('value', 'reference' if 'gate' in row else '-')}",
-            flush=True,
-        )
-        if row["implementation"] == "engine" and "median_s" in row:
-            for other in ("loop", "bare_vmap"):
-                if other in medians:
-                    row[f"ratio_to_{other}"] = row["median_s"] / medians[other]
+                    def build(size=size, unroll=unroll, factory=factory, p=row_plan):
+                        made = None if factory is None else factory()
+                        return harness.engine(setup, size, unroll, made, p())
+
+                    out.append(harness.Variant("engine", settings, build))
+    return out, plan
+
+
+def run_cell(
+    workload: Workload, cohort: int, *, warmup: int, reps: int, max_s: float, **options
+) -> list[dict[str, Any]]:
+    """Measures one (workload, cohort); a failure to set it up (memory) gives one error row."""
+    try:
+        setup = make_setup(workload, cohort)
+        cell, plan = variants(setup, **options)
+        rows = harness.measure(setup.params, cell, warmup=warmup, reps=reps, max_s=max_s)
+    except Exception as error:  # noqa: BLE001 - recorded, the suite goes on
+        error = f"{type(error).__name__}: {error}"[:500]
+        print(f"  cell failed: {error[:200]}", flush=True)
+        return [{"implementation": None, "error": error}]
+    if plan.cache_info().currsize:
+        summary = plan()[1]
+        print(f"  flash-deadline: {json.dumps(summary)}", flush=True)
+        for row in rows:
+            if row.get("system") != "none":
+                row["system_summary"] = summary
     return rows
 
 
-def algorithm_ratios(rows: list[dict[str, Any]]) -> None:
-    """Adds ``ratio_to_fedavg`` to each timed engine row of another algorithm: its median over
-    that of FedAvg's engine row with the same chunk and unrolling, and prints it."""
+def best_engine_row(
+    rows: list[dict[str, Any]], workload: str, cohort: int | None, system: str, metric: str
+) -> dict[str, Any] | None:
+    """The FedAvg engine row of the cell and system with the lowest ``metric``, else the row of
+    its error (or of the whole cell's), else None."""
+    cell = [row for row in rows if (row.get("workload"), row.get("cohort")) == (workload, cohort)]
+    found = [
+        row
+        for row in cell
+        if (row["implementation"], row.get("algorithm"), row.get("system"))
+        == ("engine", "fedavg", system)
+    ]
+    timed = [row for row in found if metric in row]
+    if timed:
+        return min(timed, key=lambda row: row[metric])
+    failed = [
+        row for row in cell if "error" in row and (row in found or row["implementation"] is None)
+    ]
+    return failed[0] if failed else None
 
-    def key(row: dict[str, Any]) -> tuple:
-        return row.get("chunk"), row.get("unroll")
 
-    fedavg_median = {
-        key(row): row["median_s"]
-        for row in rows
-        if row["implementation"] == "engine" and row["algorithm"] == "fedavg" and "median_s" in row
-    }
-    for row in rows:
-        if row["implementation"] != "engine" or row["algorithm"] == "fedavg":
-            continue
-        if "median_s" in row and key(row) in fedavg_median:
-            row["ratio_to_fedavg"] = row["median_s"] / fedavg_median[key(row)]
-            print(
-                f"  {row['algorithm']} / fedavg (engine): {row['ratio_to_fedavg']:.3f}", flush=True
-            )
+def evaluate_targets(
+    rows: list[dict[str, Any]], suite: Suite, *, quick: bool, device: str
+) -> list[dict[str, Any]]:
+    """Each target's measured value (the best FedAvg engine row of the target's system at its
+    cell), the homogeneous engine's for comparison, and PASS / FAIL / why not judged."""
+    cohorts = suite.quick_cohorts if quick else suite.cohorts
+    out = []
+    for target in suite.targets:
+        sizes = cohorts.get(target.workload, ())
+        cohort = sizes[target.position] if target.position < len(sizes) else None
+
+        row = best_engine_row(rows, target.workload, cohort, target.system, target.metric)
+        homogeneous = best_engine_row(rows, target.workload, cohort, "none", target.metric)
+        value = None if row is None else row.get(target.metric)
+        if value is None:
+            status = "error" if row is not None else "not measured"
+        elif quick:
+            status = "quick (not the target size)"
+        elif TARGET_DEVICE not in device:
+            status = f"not an {TARGET_DEVICE}"
+        else:
+            status = "PASS" if value <= target.limit else "FAIL"
+        out.append(
+            {
+                "workload": target.workload,
+                "cohort": cohort,
+                "system": target.system,
+                "metric": target.metric,
+                "limit": target.limit,
+                "value": value,
+                "chunk": None if row is None else row.get("chunk"),
+                "homogeneous_value": None
+                if homogeneous is None
+                else homogeneous.get(target.metric),
+                "status": status,
+            }
+        )
+    return out
+
+
+def print_targets(targets: list[dict[str, Any]], device: str) -> None:
+    print(f"\nTargets (issue 11, item 6) on {device}:")
+    print(f"  {'cell':12s} {'metric':20s} {'limit':>6s} {'het round':>10s} {'homog.':>8s}  status")
+    for t in targets:
+
+        def fmt(value):
+            return "-" if value is None else f"{value:.3f}"
+
+        print(
+            f"  {t['workload']}/{t['cohort']!s:8s} {t['metric']:20s} {t['limit']:6.2f} "
+            f"{fmt(t['value']):>10s} {fmt(t['homogeneous_value']):>8s}  {t['status']}"
+        )
 
 
 def int_list(text: str, flag: str) -> tuple[int, ...]:
@@ -405,17 +297,42 @@ def int_list(text: str, flag: str) -> tuple[int, ...]:
     return values
 
 
+def choices(text: str, flag: str, allowed) -> list[str]:
+    values = text.split(",")
+    if set(values) - set(allowed):
+        raise ValueError(f"{flag} takes a comma list of {', '.join(allowed)}, got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> None:
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--suite")
+    known, rest = first.parse_known_args(argv)
+    if known.suite == "scale":
+        bench_scale.main(rest)
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default="W1,W2", help="comma list of W1, W2")
-    parser.add_argument("--cohorts", help="comma list of cohort sizes (default: per backend)")
-    parser.add_argument("--reps", type=int, default=10, help="timed rounds, >= 10 for results")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds after the gate's")
+    parser.add_argument(
+        "--suite",
+        choices=[*sorted(SUITES), "scale"],
+        help="preset (default: per backend); scale runs bench_scale.py with the other flags",
+    )
+    parser.add_argument("--workloads", help="comma list of W1, W2 (default: the suite's)")
+    parser.add_argument("--cohorts", help="comma list of cohort sizes (default: the suite's)")
+    parser.add_argument(
+        "--systems", help=f"comma list of {', '.join(harness.SYSTEMS)} (default: the suite's)"
+    )
+    parser.add_argument(
+        "--loop-clients",
+        type=int,
+        help="time loops on at most this many clients, scaled to the cohort (default: suite's)",
+    )
+    parser.add_argument("--reps", type=int, help="timed rounds, >= 10 for results (default 10)")
+    parser.add_argument("--warmup", type=int, help="untimed rounds after the gate's (default 1)")
     parser.add_argument(
         "--max-timing-s",
         type=float,
-        default=60.0,
-        help=f"stop timing (after {MIN_REPS} rounds) past this many seconds",
+        help=f"stop timing (after {harness.MIN_REPS} rounds) past this many seconds",
     )
     parser.add_argument(
         "--chunk",
@@ -431,88 +348,96 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--baselines",
         default=",".join(BASELINES),
-        help=f"comma list of {', '.join(BASELINES)}, or none; the first row is the gate's reference",
+        help=f"comma list of {', '.join(BASELINES)}, or none",
     )
     parser.add_argument("--out", help="JSONL path (default: experiments/bench_results/...)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: W1, 10 clients")
+    parser.add_argument("--quick", action="store_true", help="smoke run at small sizes")
     args = parser.parse_args(argv)
 
-    workloads = ["W1"] if args.quick else args.workloads.split(",")
-    if set(workloads) - set(WORKLOADS):
-        raise ValueError(f"--workloads takes {sorted(WORKLOADS)}, got {args.workloads!r}")
-    if args.reps < 1 or args.warmup < 0:
-        raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {args.reps}, {args.warmup}")
+    backend = jax.default_backend()
+    suite_name = args.suite or ("cpu" if backend == "cpu" else "gpu")
+    suite = SUITES[suite_name]
+    cohorts_of = suite.quick_cohorts if args.quick else suite.cohorts
+    workloads = (
+        choices(args.workloads, "--workloads", WORKLOADS) if args.workloads else list(cohorts_of)
+    )
     cohorts = int_list(args.cohorts, "--cohorts") if args.cohorts else None
+    systems = choices(args.systems, "--systems", harness.SYSTEMS) if args.systems else suite.systems
+    loop_clients = args.loop_clients or (
+        suite.quick_loop_clients if args.quick else suite.loop_clients
+    )
+    reps = args.reps or (3 if args.quick else 10)
+    warmup = (0 if args.quick else 1) if args.warmup is None else args.warmup
+    max_s = args.max_timing_s or (10.0 if args.quick else suite.max_timing_s)
+    if reps < 1 or warmup < 0 or (loop_clients is not None and loop_clients < 1):
+        raise ValueError(
+            f"--reps and --loop-clients must be >= 1 and --warmup >= 0, got {reps}, "
+            f"{loop_clients}, {warmup}"
+        )
     chunks = [c if c == "auto" else int_list(c, "--chunk")[0] for c in args.chunk.split(",")]
     unrolls = int_list(args.unroll, "--unroll")
-    algorithms = args.algorithms.split(",")
-    if set(algorithms) - set(ALGORITHMS):
-        raise ValueError(f"--algorithms takes {sorted(ALGORITHMS)}, got {args.algorithms!r}")
-    baselines = [] if args.baselines == "none" else args.baselines.split(",")
-    if set(baselines) - set(BASELINES):
-        raise ValueError(f"--baselines takes {list(BASELINES)} or none, got {args.baselines!r}")
-    backend = jax.default_backend()
-    defaults = DEFAULT_COHORTS["cpu" if backend == "cpu" else "accelerator"]
+    algorithms = choices(args.algorithms, "--algorithms", ALGORITHMS)
+    baselines = (
+        [] if args.baselines == "none" else choices(args.baselines, "--baselines", BASELINES)
+    )
+
     stamp = datetime.datetime.now(datetime.UTC)
+    quick = "-quick" if args.quick else ""
     out = Path(
         args.out
         or Path(__file__).parent
         / "bench_results"
-        / f"throughput-{backend}-{stamp:%Y%m%dT%H%M%SZ}.jsonl"
+        / f"throughput-{backend}-{suite_name}{quick}-{stamp:%Y%m%dT%H%M%SZ}.jsonl"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     env = results.environment()
-    print(f"{env['device']}  jax {env['versions']['jax']}  -> {out}", flush=True)
+    print(f"{env['device']}  jax {env['versions']['jax']}  suite {suite_name}{quick} -> {out}")
 
+    all_rows = []
     for name in workloads:
-        for cohort in cohorts or ((10,) if args.quick else defaults[name]):
-            setup = make_setup(WORKLOADS[name], cohort)
+        workload = WORKLOADS[name]
+        for cohort in cohorts or cohorts_of.get(name, ()):
             print(f"{name}, cohort {cohort}", flush=True)
-            builds = {"loop": per_client_loop, "bare_vmap": bare_vmap}
-            variants = [
-                (baseline, {"algorithm": "fedavg"}, functools.partial(builds[baseline], setup))
-                for baseline in baselines
-            ]
-            for chunk in chunks:
-                size = auto_chunk(cohort) if chunk == "auto" else chunk
-                for unroll in unrolls:
-                    for algorithm in algorithms:
-                        settings = {
-                            "algorithm": algorithm,
-                            "chunk": size,
-                            "chunk_from": "auto_chunk" if chunk == "auto" else "--chunk",
-                            "unroll": unroll,
-                        }
-                        made = None if algorithm == "fedavg" else ALGORITHMS[algorithm]()
-                        variants.append(
-                            (
-                                "engine",
-                                settings,
-                                functools.partial(engine, setup, size, unroll, made),
-                            )
-                        )
-            rows = measure(
-                setup, variants, warmup=args.warmup, reps=args.reps, max_s=args.max_timing_s
-            )
-            algorithm_ratios(rows)
-            workload = WORKLOADS[name]
             common = {
                 "workload": name,
-                "model": setup.round_.model.name,
+                "model": workload.make_model().name,
                 "examples_per_client": workload.examples_per_client,
                 "batch_size": workload.batch_size,
                 "epochs": 1.0,
-                "local_steps": setup.round_.spec.max_steps,
+                "local_steps": -(-workload.examples_per_client // workload.batch_size),
                 "cohort": cohort,
-                "population": setup.round_.sampler.num_clients,
-                "warmup": args.warmup,
-                "reps_requested": args.reps,
+                "population": POPULATION_PER_COHORT * cohort,
+                "suite": suite_name,
+                "loop_clients": loop_clients,
+                "warmup": warmup,
+                "reps_requested": reps,
                 "quick": args.quick,
                 "timestamp": stamp.isoformat(timespec="seconds"),
             }
+            rows = run_cell(
+                workload,
+                cohort,
+                systems=systems,
+                baselines=baselines,
+                chunks=chunks,
+                unrolls=unrolls,
+                algorithms=algorithms,
+                loop_clients=loop_clients,
+                warmup=warmup,
+                reps=reps,
+                max_s=max_s,
+            )
+            rows = [{**common, **row} for row in rows]
+            all_rows += rows
             with out.open("a") as f:
                 for row in rows:
-                    f.write(json.dumps({**common, **row, "env": env}) + "\n")
+                    f.write(json.dumps({**row, "env": env}) + "\n")
+
+    if suite.targets:
+        targets = evaluate_targets(all_rows, suite, quick=args.quick, device=env["device"])
+        print_targets(targets, env["device"])
+        with out.open("a") as f:
+            f.write(json.dumps({"targets": targets, "suite": suite_name, "env": env}) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""The benchmark harness (experiments/bench_harness.py) and the suite's target table.
+
+On a tiny MLP population: the engine's round on a heterogeneous schedule row
+(partial work, late and dropped clients) matches a per-client loop that runs
+each client's own steps and skips the clients that do not count (float32:
+rel. 1e-5 of the round's update), and differs from the homogeneous round; the
+gate rejects a round whose update is off by 1 %; a loop timed on part of its
+cohort is labelled as extrapolated; a variant that fails leaves a row with its
+error while the others are timed; the target table says PASS / FAIL only on
+the target device.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+
+import bench_harness as harness
+import bench_throughput
+
+from fedjax_het import models
+from fedjax_het.data.batching import LocalWork
+from fedjax_het.data.federated import ClientArrays
+from fedjax_het.system.schedule import OK
+
+COHORT, EXAMPLES = 8, 12
+
+
+@pytest.fixture(scope="module")
+def setup() -> harness.Setup:
+    population = 2 * COHORT
+    data = np.random.default_rng(0)
+    x = data.standard_normal((population * EXAMPLES, 5), dtype=np.float32)
+    y = data.integers(0, 3, population * EXAMPLES, dtype=np.int32)
+    offset = np.arange(population, dtype=np.int32) * EXAMPLES
+    train = ClientArrays(x, y, offset, np.full(population, EXAMPLES, np.int32))
+    model = models.mlp((5,), 3, hidden=(7,))
+    return harness.make_setup(model, train, LocalWork(4, epochs=1.0), COHORT)
+
+
+def rounds(setup, *implementations):
+    return [jax.device_get(impl.run()[0]) for impl in implementations]
+
+
+def test_heterogeneous_round_matches_loop_and_differs_from_homogeneous(setup):
+    plan, summary = harness.flash_deadline_plan(setup, dropout=0.3)
+    outcome, done = np.asarray(plan.outcome), np.asarray(plan.steps_done)
+    full = setup.round_.spec.max_steps
+    assert np.any(outcome != OK) and np.any((outcome == OK) & (done < full)), summary
+    het_loop, het_engine, engine = rounds(
+        setup,
+        harness.per_client_loop(setup, plan),
+        harness.engine(setup, 1, 1, plan=plan),
+        harness.engine(setup, 1, 1),
+    )
+    assert harness.gate_error(het_engine, het_loop, setup.params) < 1e-5
+    assert harness.gate_error(engine, het_loop, setup.params) > 1e-1
+
+
+def test_gate_rejects_an_update_off_by_one_percent_and_records_failures(setup):
+    loop = harness.per_client_loop(setup)
+    (reference,) = rounds(setup, loop)
+    off = jax.tree.map(lambda p, q: q + 1.01 * (p - q), reference, setup.params)
+
+    def broken():
+        raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
+
+    variants = [
+        harness.Variant("loop", {"system": "none"}, lambda: loop),
+        harness.Variant("engine", {"system": "none", "chunk": 1}, broken),
+        harness.Variant(
+            "engine",
+            {"system": "none", "chunk": 2},
+            lambda: harness.Implementation(lambda: (off, off), 0.0),
+        ),
+        harness.Variant(
+            "engine", {"system": "none", "chunk": 4}, lambda: harness.engine(setup, 4, 1)
+        ),
+    ]
+    rows = harness.measure(setup.params, variants, warmup=0, reps=1, max_s=1.0)
+    assert "MemoryError" in rows[1]["error"] and "median_s" not in rows[1]
+    assert not rows[2]["gate"]["passed"] and "median_s" not in rows[2]
+    assert rows[3]["gate"]["passed"] and rows[3]["reps_timed"] == 1 and "ratio_to_loop" in rows[3]
+
+
+def test_loop_timed_on_part_of_the_cohort_is_labelled_extrapolated(setup):
+    variants = [
+        harness.Variant("loop", {"system": "none"}, lambda: harness.per_client_loop(setup, None, 2))
+    ]
+    (row,) = harness.measure(setup.params, variants, warmup=0, reps=1, max_s=1.0)
+    assert row["extrapolated"] and row["timed_clients"] == 2 and row["reps_timed"] == 1
+
+
+def test_targets_are_judged_only_on_the_target_device():
+    suite = bench_throughput.SUITES["gpu"]
+
+    def engine_row(workload, cohort, system, **values):
+        return {
+            "workload": workload,
+            "cohort": cohort,
+            "implementation": "engine",
+            "algorithm": "fedavg",
+            "system": system,
+            **values,
+        }
+
+    rows = [
+        engine_row("W1", 1000, "flash-deadline", ratio_to_bare_vmap=1.2, median_s=0.1),
+        engine_row("W1", 1000, "none", ratio_to_bare_vmap=1.1, median_s=0.09),
+        engine_row("W2", 100, "flash-deadline", ratio_to_bare_vmap=1.3, median_s=0.2),
+        {"workload": "W2", "cohort": 1000, "implementation": None, "error": "OOM"},
+    ]
+    judged = bench_throughput.evaluate_targets(
+        rows, suite, quick=False, device="gpu:NVIDIA H100 80GB HBM3"
+    )
+    assert [t["status"] for t in judged] == ["PASS", "FAIL", "error"]
+    assert judged[0]["homogeneous_value"] == 1.1
+    elsewhere = bench_throughput.evaluate_targets(rows, suite, quick=False, device="cpu:cpu")
+    assert [t["status"] for t in elsewhere] == ["not an H100", "not an H100", "error"]
