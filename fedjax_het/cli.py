@@ -1,13 +1,15 @@
 """The ``fedjax-het`` command.
 
     fedjax-het run [CONFIG.toml] [--set key=value ...] [--out DIR]
+    fedjax-het sweep [CONFIG.toml] [--set key=value ...] --grid KEY=V1,V2,... [--grid KEY=A..B ...]
+                     [--out DIR] [--one-program] [--cells-at-once N]
     fedjax-het config [CONFIG.toml] [--set key=value ...]
     fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR]
     fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR]
 
 With no config file the default experiment runs (``fedjax_het.config.DEFAULTS``).
-A config error stops the command with one line naming the key, before
-anything is built or compiled.
+A config error stops the command with one line naming the key (and, for a
+sweep, the grid cell), before anything is built or compiled.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedjax_het import config as config_lib
-from fedjax_het import results
+from fedjax_het import distributed, results
 
 _CONFIG_HELP = "a TOML config; keys left out take the defaults (see `fedjax-het config`)"
 _SET_HELP = (
@@ -50,6 +52,29 @@ def parser() -> argparse.ArgumentParser:
     _add_config_args(run)
     run.add_argument("--out", help="output directory (default: runs/<data>-<algorithm>-<time>)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sweep = commands.add_parser(
+        "sweep", help="run a grid of experiments, as few compiled programs as it allows",
+        description="Run every cell of the product of the --grid axes (each cell: the config, "
+        "the --set overrides, then the cell's values). Cells that differ only in seed, the "
+        "algorithm's hyperparameters and [system]/[policy] numbers share one compiled program; "
+        "other keys (model, batch size, algorithm...) make separate programs, each compiled "
+        "once. Writes cell-NNN/ run directories (re-runnable with `fedjax-het run "
+        "cell-NNN/config.toml`), grid.csv, grid.json and grid.png.",
+    )
+    _add_config_args(sweep)
+    sweep.add_argument(
+        "--grid", action="append", required=True, metavar="KEY=VALUES",
+        help="an axis: comma-separated TOML values (algorithm.client_lr=0.01,0.1) or an "
+        "inclusive integer range (seed=0..3); may be repeated",
+    )
+    sweep.add_argument("--out", help="output directory (default: runs/sweep-<data>-<algorithm>-<time>)")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.add_argument("--one-program", action="store_true",
+                       help="refuse a grid that needs more than one compiled program")
+    sweep.add_argument("--cells-at-once", type=int, metavar="N",
+                       help="cells a program runs at once; more run in chunks through the same "
+                       "program (default: all whose client states fit on the device)")
 
     show = commands.add_parser(
         "config", help="print the resolved config",
@@ -88,15 +113,17 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "sweep":
+        return _sweep(args)
     try:
         raw = config_lib.load(args.config, args.set)
+        distributed.initialize(config_lib.cluster(raw))
         experiment = config_lib.build(raw)
         if args.command == "config":
             print(results.to_toml(experiment.config), end="")
             return 0
     except config_lib.ConfigError as err:
-        print(f"fedjax-het: config error: {err}", file=sys.stderr)
-        return 2
+        return _config_error(err)
     if args.command == "data":
         return _describe_data(experiment, Path(args.out))
     if args.command == "hetero":
@@ -114,11 +141,48 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
         config=experiment.config,
     )
     s = history.summary
+    if not distributed.writes_results():
+        return 0
     print(
         f"final test accuracy {s['final_test_accuracy']:.4f} (best {s['best_test_accuracy']:.4f}), "
         f"per-client mean {s['client_accuracy_mean']:.4f}, worst {s['client_accuracy_min']:.4f}; "
         f"{s['rounds']} rounds in {s['wall_s']:.1f} s; results in {history.out_dir}"
     )
+    return 0
+
+
+def _config_error(err: config_lib.ConfigError) -> int:
+    print(f"fedjax-het: config error: {err}", file=sys.stderr)
+    return 2
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from fedjax_het import grid
+
+    if args.cells_at_once is not None and args.cells_at_once < 1:
+        print("fedjax-het: --cells-at-once must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        distributed.initialize(config_lib.cluster(config_lib.load(args.config, args.set)))
+        axes = [grid.parse_axis(spec) for spec in args.grid]
+        plan = grid.plan(args.config, args.set, axes, one_program=args.one_program)
+    except config_lib.ConfigError as err:
+        return _config_error(err)
+    verb = "changes" if len(plan.splitting) == 1 else "change"
+    changing = f" ({', '.join(plan.splitting)} {verb} the program)" if plan.splitting else ""
+    print(f"{len(plan.cells)} cells, {len(plan.programs)} compiled program(s){changing}")
+    out = Path(args.out or _default_out(plan.cells[0].config, "sweep-"))
+    histories = grid.run(
+        plan, out, progress=not args.no_progress, cells_at_once=args.cells_at_once
+    )
+    if not distributed.writes_results():
+        return 0
+    for history, cell in zip(histories, plan.cells):
+        s = history.summary
+        print(f"{history.out_dir.name}  {cell.name}: final test accuracy "
+              f"{s['final_test_accuracy']:.4f} (best {s['best_test_accuracy']:.4f}), client p10 "
+              f"{s['client_accuracy_p10']:.4f}")
+    print(f"results in {out} (grid.csv, grid.json, grid.png, cell-NNN/)")
     return 0
 
 
@@ -161,9 +225,10 @@ def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace
     return 0
 
 
-def _default_out(config: dict) -> str:
+def _default_out(config: dict, prefix: str = "") -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str(Path("runs") / f"{config['data']['name']}-{config['algorithm']['name']}-{stamp}")
+    name = f"{prefix}{config['data']['name']}-{config['algorithm']['name']}-{stamp}"
+    return str(Path("runs") / name)
 
 
 if __name__ == "__main__":

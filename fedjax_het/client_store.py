@@ -54,7 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from jax.experimental import io_callback
+from jax.experimental import io_callback, multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.models import Model
@@ -66,13 +67,26 @@ COMFORT = 0.5  # "auto" uses at most this share of the free memory for client st
 
 @dataclasses.dataclass(frozen=True)
 class DeviceStore:
-    """Every client's state as a device array ``[num_clients, ...]`` inside the run state."""
+    """Every client's state as a device array ``[num_clients, ...]`` inside the run state.
+
+    With a ``mesh`` the rows are sharded by client over its ``cohort.CLIENTS``
+    axis (padded to a multiple of the device count; the extra rows are never
+    read), so each device holds ``1 / devices`` of the table.
+    """
 
     placement: str = "device"
+    mesh: Mesh | None = None
 
     def init(self, one: ClientState, num_clients: int) -> ClientState:
         """The stored states of ``num_clients`` clients, each starting as ``one``."""
-        return jax.tree.map(lambda s: jnp.broadcast_to(s, (num_clients, *s.shape)), one)
+        rows = num_clients if self.mesh is None else -(-num_clients // self.mesh.size) * self.mesh.size
+        return self._sharded(jax.tree.map(lambda s: jnp.broadcast_to(s, (rows, *s.shape)), one))
+
+    def _sharded(self, held: ClientState) -> ClientState:
+        if self.mesh is None:
+            return held
+        by_client = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
+        return jax.lax.with_sharding_constraint(held, by_client)
 
     def gather(self, held: ClientState, ids: jax.Array) -> ClientState:
         """The states of clients ``ids [m]``, stacked ``[m, ...]``."""
@@ -91,11 +105,11 @@ class DeviceStore:
             target = jnp.where(keep, ids, all_rows.shape[0])  # out of range: dropped
             return all_rows.at[target].set(rows, mode="drop")
 
-        return jax.tree.map(put, held, new)
+        return self._sharded(jax.tree.map(put, held, new))
 
     def read(self, held: ClientState, ids) -> ClientState:
         """Host copies of the states of clients ``ids``, stacked ``[len(ids), ...]``."""
-        return jax.tree.map(lambda s: np.asarray(s)[np.asarray(ids)], held)
+        return jax.tree.map(lambda s: _host_copy(s)[np.asarray(ids)], held)
 
     def rows_held(self, num_clients: int) -> int:
         """Rows the store holds: every client's."""
@@ -225,6 +239,13 @@ ClientStore = DeviceStore | HostStore
 ON_DEVICE = DeviceStore()
 
 
+def _host_copy(x: jax.Array) -> np.ndarray:
+    """``x`` as a host array, gathered from every process when it is sharded across hosts."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 @dataclasses.dataclass(frozen=True)
 class Memory:
     """Bytes free for client states on the device and available on the host."""
@@ -234,12 +255,12 @@ class Memory:
 
 
 def available_memory() -> Memory:
-    """The first device's free memory (``memory_stats``) and the host's available memory.
+    """This process's first device's free memory (``memory_stats``) and the host's available memory.
 
     A CPU device has no memory of its own: its free memory is the host's.
     """
     host = _host_available()
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" not in stats:
         return Memory(host, host)
     return Memory(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), host)
@@ -273,6 +294,7 @@ class StatePlan:
       num_clients: clients in the population.
       max_rows: clients whose state a run can ever write, ``min(N, rounds x slots)``.
       runs: runs held at once (``sweep``'s cells).
+      devices: devices the rows of a ``DeviceStore`` are sharded over.
     """
 
     placement: str
@@ -280,6 +302,7 @@ class StatePlan:
     num_clients: int
     max_rows: int
     runs: int = 1
+    devices: int = 1
 
     @property
     def device_bytes(self) -> int:
@@ -291,9 +314,12 @@ class StatePlan:
         """Most bytes a ``HostStore`` can come to hold (``max_rows`` rows)."""
         return self.runs * self.max_rows * self.row_bytes
 
-    def store(self) -> ClientStore:
-        """A new store for this placement (a ``HostStore`` owns its table)."""
-        return HostStore() if self.placement == "host" else ON_DEVICE
+    def store(self, mesh: Mesh | None = None) -> ClientStore:
+        """A new store for this placement (a ``HostStore`` owns its table; a ``DeviceStore``
+        shards its rows over ``mesh``)."""
+        if self.placement == "host":
+            return HostStore()
+        return ON_DEVICE if mesh is None else DeviceStore(mesh=mesh)
 
     def held_bytes(self, store: ClientStore) -> int:
         """Bytes ``store`` holds now (one run's)."""
@@ -302,10 +328,11 @@ class StatePlan:
 
 def tree_bytes(tree: PyTree) -> int:
     """Bytes of the arrays (or shape/dtype structs) of ``tree``."""
-    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _size(n: float) -> str:
+def format_bytes(n: float) -> str:
+    """``n`` bytes for a person: "1.5 GB"."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -314,7 +341,8 @@ def _size(n: float) -> str:
 
 def plan_client_state(
     algorithm: FederatedAlgorithm, model: Model, *, num_clients: int, rounds: int, slots: int,
-    placement: str = "auto", runs: int = 1, memory: Callable[[], Memory] = available_memory,
+    placement: str = "auto", runs: int = 1, devices: int = 1,
+    memory: Callable[[], Memory] = available_memory,
 ) -> StatePlan:
     """Sizes the client state on abstract params and chooses where it lives.
 
@@ -327,6 +355,7 @@ def plan_client_state(
         fits in ``COMFORT`` of its free memory, else the host when the rows a run
         can write fit in ``COMFORT`` of its available memory.
       runs: runs held at once (``sweep``'s cells).
+      devices: devices a ``DeviceStore`` shards the rows over (each holds its share).
       memory: the memory query (injectable for tests).
 
     Returns:
@@ -340,11 +369,14 @@ def plan_client_state(
     if placement not in PLACEMENTS:
         raise ValueError(f"client_state must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     row = jax.eval_shape(lambda key: algorithm.client_init(model.init(key)), jax.random.key(0))
-    result = StatePlan("none", tree_bytes(row), num_clients, min(num_clients, rounds * slots), runs)
+    result = StatePlan(
+        "none", tree_bytes(row), num_clients, min(num_clients, rounds * slots), runs, devices
+    )
     if result.row_bytes == 0:
         return result
     free = memory()
-    on_device = result.device_bytes <= free.device_free * (COMFORT if placement == "auto" else 1)
+    per_device = result.device_bytes / devices
+    on_device = per_device <= free.device_free * (COMFORT if placement == "auto" else 1)
     on_host = result.host_bytes <= free.host_available * (COMFORT if placement == "auto" else 1)
     if placement == "auto":
         placement = "device" if on_device else "host" if on_host else "nowhere"
@@ -356,10 +388,11 @@ def plan_client_state(
         "host": "engine.client_state = 'host' does not fit",
     }[placement]
     cells = f" x {runs} runs" if runs > 1 else ""
+    shared = f" over {devices} devices" if devices > 1 else ""
     raise ValueError(
-        f"client state needs {_size(result.device_bytes)} ({num_clients} clients x "
-        f"{_size(result.row_bytes)}{cells}) on the device, or {_size(result.host_bytes)} on the "
+        f"client state needs {format_bytes(result.device_bytes)} ({num_clients} clients x "
+        f"{format_bytes(result.row_bytes)}{cells}) on the device{shared}, or {format_bytes(result.host_bytes)} on the "
         f"host for the at most {result.max_rows} clients that {rounds} rounds of {slots} slots "
-        f"write; the device has {_size(free.device_free)} free and the host "
-        f"{_size(free.host_available)}: {advice}; use fewer clients or rounds, or a smaller state"
+        f"write; the device has {format_bytes(free.device_free)} free and the host "
+        f"{format_bytes(free.host_available)}: {advice}; use fewer clients or rounds, or a smaller state"
     )

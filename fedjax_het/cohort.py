@@ -4,6 +4,11 @@ The only place that adds the client axis. Clients run in chunks: a
 ``lax.scan`` over chunks of ``chunk`` clients, each chunk a ``vmap``, with the
 running sums of the aggregator as the scan carry. Memory is ``chunk x params``
 and results do not depend on the chunk size beyond float summation order.
+
+With a ``mesh`` the cohort is first split over devices (``shard_map``): each
+device runs its share of the slots in chunks and the devices' sums are added
+with a ``psum``. Results do not depend on the number of devices beyond float
+summation order either (``tests/test_multidevice.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from fedjax_het.algorithm import Aggregator, ClientStats
 from fedjax_het.local import ClientTask
@@ -37,6 +45,24 @@ def auto_chunk(cohort_size: int, *, backend: str | None = None) -> int:
     return min(cohort_size, 128)
 
 
+CLIENTS = "clients"  # the mesh axis the cohort is sharded over
+
+
+def client_mesh(devices: int | None = None) -> Mesh | None:
+    """A one-axis mesh over ``devices`` of ``jax.devices()`` (None: all), or None for one device.
+
+    After ``jax.distributed.initialize`` the devices are every process's, so the
+    same mesh spans hosts.
+    """
+    available = jax.devices()
+    count = len(available) if devices is None else devices
+    if not 1 <= count <= len(available):
+        raise ValueError(
+            f"devices must be between 1 and the {len(available)} devices JAX sees, got {devices}"
+        )
+    return None if count == 1 else Mesh(np.asarray(available[:count]), (CLIENTS,))
+
+
 def run_cohort(
     client_fn: ClientFn,
     client_states: ClientState,
@@ -44,6 +70,7 @@ def run_cohort(
     aggregator: Aggregator,
     *,
     chunk: int,
+    mesh: Mesh | None = None,
 ) -> tuple[PyTree, ClientState, ClientStats]:
     """Runs every slot of a cohort and sums their contributions.
 
@@ -54,24 +81,61 @@ def run_cohort(
       aggregator: supplies each client's contribution to the sums.
       chunk: clients per ``vmap``; the cohort is padded with weight-0,
         zero-step slots up to a multiple of it.
+      mesh: shard the slots over this mesh's ``CLIENTS`` axis (``shard_map``):
+        each device runs ``ceil(m / devices)`` slots in chunks, and the sums are
+        a ``psum`` across devices. None: one device.
 
     Returns:
       The aggregator's sums, the new client states ``[m]`` and stats ``[m]``.
     """
+    if mesh is None or mesh.size == 1:
+        return _run_chunks(client_fn, client_states, tasks, aggregator, chunk)
+    m = tasks.client_id.shape[0]
+    per_device = math.ceil(m / mesh.size)
+    states, tasks = _padded(client_states, tasks, per_device * mesh.size)
+
+    def shard(states, tasks):
+        sums, new_states, stats = _run_chunks(client_fn, states, tasks, aggregator, chunk)
+        return jax.lax.psum(sums, CLIENTS), new_states, stats
+
+    sharded = P(CLIENTS)
+    # check_vma off: user algorithms may hold custom derivatives (SCAFFOLD's
+    # gradient_term) whose primal outputs do not carry the device-varying type.
+    sums, new_states, stats = jax.shard_map(
+        shard, mesh=mesh, in_specs=(sharded, sharded), out_specs=(P(), sharded, sharded),
+        check_vma=False,
+    )(states, tasks)
+    return sums, *jax.tree.map(lambda x: x[:m], (new_states, stats))
+
+
+def _padded(states: ClientState, tasks: ClientTask, size: int) -> tuple[ClientState, ClientTask]:
+    """States and tasks padded to ``size`` slots by copies of the first, at weight 0 and no steps."""
+    m = tasks.client_id.shape[0]
+
+    def pad(x, fill=None):
+        extra = (size - m, *x.shape[1:])
+        filler = jnp.broadcast_to(x[:1], extra) if fill is None else jnp.full(extra, fill, x.dtype)
+        return jnp.concatenate([x, filler])
+
+    padded_tasks = jax.tree.map(pad, tasks).replace(
+        weight=pad(tasks.weight, 0), step_limit=pad(tasks.step_limit, 0)
+    )
+    return jax.tree.map(pad, states), padded_tasks
+
+
+def _run_chunks(
+    client_fn: ClientFn, client_states: ClientState, tasks: ClientTask, aggregator: Aggregator,
+    chunk: int,
+) -> tuple[PyTree, ClientState, ClientStats]:
+    """``run_cohort`` on one device: a ``lax.scan`` over chunks, each a ``vmap``."""
     m = tasks.client_id.shape[0]
     chunk = max(1, min(chunk, m))
     num_chunks = math.ceil(m / chunk)
     padded = num_chunks * chunk
-
-    def pad(x, fill=None):
-        extra = (padded - m, *x.shape[1:])
-        filler = jnp.broadcast_to(x[:1], extra) if fill is None else jnp.full(extra, fill, x.dtype)
-        return jnp.concatenate([x, filler]).reshape(num_chunks, chunk, *x.shape[1:])
-
-    chunked_tasks = jax.tree.map(pad, tasks).replace(
-        weight=pad(tasks.weight, 0), step_limit=pad(tasks.step_limit, 0)
+    states, tasks = _padded(client_states, tasks, padded)
+    chunked_states, chunked_tasks = jax.tree.map(
+        lambda x: x.reshape(num_chunks, chunk, *x.shape[1:]), (states, tasks)
     )
-    chunked_states = jax.tree.map(pad, client_states)
 
     def run_chunk(states, chunk_tasks):
         if chunk == 1:

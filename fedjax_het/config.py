@@ -35,7 +35,8 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     epochs = 1.0
 
     [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size,
-                        # client_state: "auto", "device" or "host" (fedjax_het.client_store)
+                        # client_state: "auto", "device" or "host" (fedjax_het.client_store),
+                        # devices (0 = every local device), precision: "float32" or "bfloat16"
 
     [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
     devices = "flash"   # uniform, lognormal, flash; availability = always, bernoulli, strict...
@@ -47,6 +48,9 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     [selection]         # optional, with a system: a registered selection that learns
     name = "power_of_choice"
     candidates = 20
+
+    [distributed]       # optional: several processes/hosts (fedjax_het.distributed.Cluster)
+    enabled = true
 
 Every key is checked against the signature of the function it feeds, before
 anything is built or compiled: an unknown key, a value of the wrong type or an
@@ -67,7 +71,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedjax_het import models, registry
+from fedjax_het import distributed, models, registry
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.client_store import PLACEMENTS
 from fedjax_het.data import catalog, feature_skew, partitioners
@@ -95,16 +99,19 @@ DEFAULTS: dict[str, Any] = {
     "local": {"batch_size": 20, "epochs": 1.0},
     "engine": {
         "chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024,
-        "client_state": "auto",
+        "client_state": "auto", "devices": 0, "precision": "float32",
     },
     "system": {},
     "policy": {},
     "selection": {},
+    "distributed": {},
 }
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
 ENGINE = {
-    "chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int, "client_state": str
+    "chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int, "client_state": str,
+    "devices": int, "precision": str,
 }
+PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass
@@ -135,6 +142,8 @@ class Experiment:
             "weighting": engine["weighting"],
             "eval_batch_size": engine["eval_batch_size"],
             "client_state": engine["client_state"],
+            "devices": engine["devices"] or None,
+            "precision": engine["precision"],
             "system": self.system,
             "select": self.select,
         }
@@ -205,6 +214,12 @@ def merge_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def cluster(config: Mapping[str, Any]) -> distributed.Cluster:
+    """The ``[distributed]`` table of a merged config, checked (read before ``build``:
+    ``jax.distributed.initialize`` must come before JAX computes anything)."""
+    return _construct("distributed", distributed.Cluster, config["distributed"])
+
+
 def build(config: Mapping[str, Any]) -> Experiment:
     """Validates every key of a merged config and builds the experiment's parts.
 
@@ -214,6 +229,9 @@ def build(config: Mapping[str, Any]) -> Experiment:
     """
     config = copy.deepcopy(dict(config))
     _check_run(config)
+    config["distributed"] = {
+        k: v for k, v in dataclasses.asdict(cluster(config)).items() if v is not None
+    }
     data_table = dict(config["data"])
     dataset = _choose("data.name", data_table.pop("name", None), catalog.DATASETS)
     data_args = _arguments("data", dataset, data_table)
@@ -302,8 +320,14 @@ def _check_run(config: dict[str, Any]) -> None:
             raise ConfigError(_unknown("key", f"engine.{key}", {f"engine.{k}": 0 for k in ENGINE}))
     for key, kind in ENGINE.items():
         engine[key] = _check(f"engine.{key}", engine.get(key, DEFAULTS["engine"][key]), kind)
-    if engine["chunk"] < 0:
-        raise ConfigError(f"engine.chunk must be >= 0 (0: automatic), got {engine['chunk']}")
+    for key in ("chunk", "devices"):
+        if engine[key] < 0:
+            raise ConfigError(f"engine.{key} must be >= 0 (0: automatic), got {engine[key]}")
+    if engine["precision"] not in PRECISIONS:
+        raise ConfigError(
+            f"engine.precision must be one of {', '.join(map(repr, PRECISIONS))}, got "
+            f"{engine['precision']!r}"
+        )
     for key in ("unroll", "eval_batch_size"):
         if engine[key] < 1:
             raise ConfigError(f"engine.{key} must be >= 1, got {engine[key]}")

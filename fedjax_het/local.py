@@ -68,6 +68,7 @@ class LocalSpec:
     max_steps: int
     max_count: int
     unroll: int = 1
+    precision: str = "float32"
 
 
 def client_batches(

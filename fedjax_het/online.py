@@ -322,7 +322,8 @@ class OnlineRound:
 
         cohort_states = round_.store.gather(state.run.client_states, ids)
         _, depth, _ = run_cohort(
-            probe_client, cohort_states, tasks, round_.algorithm.aggregator, chunk=round_.chunk
+            probe_client, cohort_states, tasks, round_.algorithm.aggregator, chunk=round_.chunk,
+            mesh=round_.mesh,
         )
         return depth
 

@@ -125,7 +125,7 @@ def environment() -> dict[str, Any]:
             return "unknown"
         return done.stdout.strip()
 
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     return {
         "versions": {
             name: metadata.version(name)

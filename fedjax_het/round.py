@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.sharding import Mesh
 
 from fedjax_het import rng
 from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
@@ -49,6 +50,7 @@ class Round:
     chunk: int
     weighting: str = "examples"
     store: ClientStore = ON_DEVICE
+    mesh: Mesh | None = None  # shard the cohort over these devices (cohort.run_cohort)
 
     def cohort(
         self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey, plan: Schedule | None = None
@@ -105,7 +107,8 @@ class Round:
         client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
         cohort_states = self.store.gather(state.client_states, ids)
         sums, new_states, stats = run_cohort(
-            client_fn, cohort_states, tasks, algorithm.aggregator, chunk=self.chunk
+            client_fn, cohort_states, tasks, algorithm.aggregator, chunk=self.chunk,
+            mesh=self.mesh,
         )
         server_state = algorithm.server_update(
             state.server_state, algorithm.aggregator.finalize(sums), hyper

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_het import client_store, online, results, rng
+from fedjax_het import client_store, distributed, memory, online, results, rng
 from fedjax_het.algorithm import FederatedAlgorithm
-from fedjax_het.cohort import auto_chunk
+from fedjax_het.cohort import client_mesh
 from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
@@ -43,7 +43,7 @@ from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.policy import num_selected
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.system.setup import System
-from fedjax_het.typing import Hyper, Params, PRNGKey
+from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
 
 @dataclasses.dataclass
@@ -81,11 +81,13 @@ class History:
 
 def local_spec(
     model: Model, algorithm: FederatedAlgorithm, data: FederatedData, work: LocalWork, *,
-    unroll: int = 1,
+    unroll: int = 1, precision: str = "float32",
 ) -> LocalSpec:
     """The static shape of local training for ``data``: steps capped by its largest client."""
     max_count = int(data.train.count.max())
-    return LocalSpec(model, algorithm, work, work.static_steps(max_count), max_count, unroll)
+    return LocalSpec(
+        model, algorithm, work, work.static_steps(max_count), max_count, unroll, precision
+    )
 
 
 def steps_needed(spec: LocalSpec, count: np.ndarray) -> np.ndarray:
@@ -130,7 +132,7 @@ def plan_runs(
     shapes = jax.eval_shape(spec.model.init, keys[0])
     payload = float(online.upload_bytes(shapes))
     m = sampler.cohort_size
-    selectors = {_slots(system, sampler, data.num_clients) for system in systems}
+    selectors = {selection_slots(system, sampler, data.num_clients) for system in systems}
     if len(selectors) > 1:
         raise ValueError(
             "the systems select clients in different ways (some need availability-aware "
@@ -151,7 +153,7 @@ def plan_runs(
     return jax.jit(batched)(profiles, policy, keys)
 
 
-def _slots(system: System, sampler: Sampler, num_clients: int) -> int | None:
+def selection_slots(system: System, sampler: Sampler, num_clients: int) -> int | None:
     """None to select with ``sampler``, else the slots of uniform selection among the ready."""
     m = sampler.cohort_size
     slots = min(int(num_selected(m, system.policy.over_commit)), num_clients)
@@ -194,6 +196,7 @@ class Setup:
     eval_batch_size: int
     max_test_count: int
     state_plan: client_store.StatePlan
+    chunk_plan: memory.ChunkPlan
 
     @classmethod
     def build(
@@ -201,12 +204,15 @@ class Setup:
         rounds: int, work: LocalWork, hyper: Mapping[str, float] | None, eval_every: int,
         chunk: int | None, unroll: int, weighting: str, eval_batch_size: int,
         client_state: str = "auto", slots: int | None = None, runs: int = 1,
+        precision: str = "float32", devices: int | None = None,
     ) -> Setup:
         """Checks the arguments ``run`` and ``sweep`` share and builds the round.
 
-        The client states' placement is planned here, before anything compiles
-        (``client_store.plan_client_state``): ``slots`` (default: the cohort size)
-        clients a round at most, ``runs`` runs held at once.
+        The client states' placement and the chunk size are planned here, before
+        anything compiles (``client_store.plan_client_state``, ``memory.plan_chunk``;
+        a round that cannot fit is refused with one line): ``slots`` (default: the
+        cohort size) clients a round at most, ``runs`` runs held at once, each
+        device running its share of the slots.
         """
         if sampler.num_clients != data.num_clients:
             raise ValueError(
@@ -219,30 +225,64 @@ class Setup:
             raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
         if data.test is None:
             raise ValueError("run needs a test split to evaluate; build the data with one")
+        mesh = client_mesh(devices)
+        num_devices = 1 if mesh is None else mesh.size
         state_plan = client_store.plan_client_state(
             algorithm, model, num_clients=data.num_clients, rounds=rounds,
             slots=slots or sampler.cohort_size, placement=client_state, runs=runs,
+            devices=num_devices,
         )
-        spec = local_spec(model, algorithm, data, work, unroll=unroll)
+        spec = local_spec(model, algorithm, data, work, unroll=unroll, precision=precision)
+        hyper_, train, test = algorithm.hyper(hyper), device_split(data.train), device_split(data.test)
+        on_device = state_plan.device_bytes // num_devices if state_plan.placement == "device" else 0
+        chunk_plan = memory.plan_chunk(
+            spec, hyper_, train, num_clients=data.num_clients,
+            cohort=-(-(slots or sampler.cohort_size) // num_devices), runs=runs, chunk=chunk,
+            resident=client_store.tree_bytes(test) + on_device,
+        )
         round_ = Round(
-            model, algorithm, sampler, spec,
-            chunk=chunk or auto_chunk(sampler.cohort_size), weighting=weighting,
-            store=state_plan.store(),
+            model, algorithm, sampler, spec, chunk=chunk_plan.chunk, weighting=weighting,
+            store=state_plan.store(mesh), mesh=mesh,
         )
         return cls(
-            data, round_, algorithm.hyper(hyper), device_split(data.train),
-            device_split(data.test), jnp.asarray(data.test.client_ids), eval_batch_size,
-            int(data.test.count.max(initial=0)), state_plan,
+            data, round_, hyper_, train, test, jnp.asarray(data.test.client_ids), eval_batch_size,
+            int(data.test.count.max(initial=0)), state_plan, chunk_plan,
         )
 
-    def init(self, key: PRNGKey, *, cells: bool = False) -> RunState:
-        """The initial state (one per key of ``key [cells]`` with ``cells``)."""
+    def init(self, key: PRNGKey, *, cells: bool = False, hyper: Hyper | None = None) -> RunState:
+        """The initial state (one per key of ``key [cells]`` with ``cells``).
+
+        ``hyper``: the hyperparameters, stacked ``[cells]`` with ``cells`` (each cell its
+        own); None: this setup's, for every cell.
+        """
         r = self.round
         init = functools.partial(
             init_state, r.model, r.algorithm, self.data.num_clients, store=r.store
         )
-        init = jax.vmap(init, in_axes=(None, 0)) if cells else init
-        return jax.jit(init)(self.hyper, key)
+        init = jax.vmap(init) if cells else init
+        return self.on_mesh(jax.jit(init)(self._hyper(key, cells, hyper), key))
+
+    def on_mesh(self, state: PyTree) -> PyTree:
+        """``state`` placed as the round's blocks return it: every array on the round's
+        mesh, replicated unless the client store shards it (so the first block compiles
+        for the same input shardings as the later ones)."""
+        mesh = self.round.mesh
+        if mesh is None:
+            return state
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        on_mesh = lambda x: (
+            x if isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
+            else jax.device_put(x, replicated)
+        )
+        return jax.tree.map(on_mesh, state)
+
+    def _hyper(self, key: PRNGKey, cells: bool, hyper: Hyper | None) -> Hyper:
+        """``hyper``, else this setup's own (with ``cells``: repeated along ``key``'s cell axis)."""
+        if hyper is not None:
+            return hyper
+        if not cells:
+            return self.hyper
+        return jax.tree.map(lambda h: jnp.broadcast_to(h, (key.shape[0], *h.shape)), self.hyper)
 
     def run_block(
         self, state: RunState, round_ids: jax.Array, plans: Schedule | None, hyper: Hyper,
@@ -278,21 +318,59 @@ class Setup:
             )
         return ev
 
-    def programs(self, key: PRNGKey, *, cells: bool = False) -> tuple[Callable, Callable]:
+    def programs(
+        self, key: PRNGKey, *, cells: bool = False, hyper: Hyper | None = None,
+        cell_batch: int | None = None,
+    ) -> tuple[Callable, Callable]:
         """Jitted ``block(state, round_ids, plans)`` and ``evaluate(state)``.
 
         With ``cells`` every argument but the round ids carries a leading axis
-        of independent runs (``key`` too) and both are ``vmap``-ed over it.
+        of independent runs (``key`` and ``hyper`` too: each cell has its own
+        hyperparameters, see ``init``) and both map over it: ``cell_batch``
+        cells at a time as one ``vmap``, the batches one after another
+        (``lax.map``); None: every cell in one ``vmap``. The jitted functions
+        are made once per setup and mode, so calls with other keys or
+        hyperparameters of the same shapes (a sweep's chunks of cells) reuse
+        one compilation.
         """
-        block, evaluate_ = self.run_block, self.evaluate
-        if cells:
-            block = jax.vmap(block, in_axes=(0, None, 0, None, None, 0))
-            evaluate_ = jax.vmap(evaluate_, in_axes=(0, None, None))
-        block, evaluate_ = jax.jit(block), jax.jit(evaluate_)
+        mode = (cells, cell_batch)
+        if mode not in self._jitted:
+            block, evaluate_ = self.run_block, self.evaluate
+            if cells:
+                block = self._over_cells(block, (0, None, 0, 0, None, 0), cell_batch)
+                evaluate_ = self._over_cells(evaluate_, (0, None, None), cell_batch)
+            self._jitted[mode] = jax.jit(block), jax.jit(evaluate_)
+        block, evaluate_ = self._jitted[mode]
+        hyper = self._hyper(key, cells, hyper)
         return (
-            lambda state, ids, plans: block(state, ids, plans, self.hyper, self.train, key),
+            lambda state, ids, plans: block(state, ids, plans, hyper, self.train, key),
             lambda state: evaluate_(state, self.test, self.test_row_client),
         )
+
+    @functools.cached_property
+    def _jitted(self) -> dict[tuple[bool, int | None], tuple[Callable, Callable]]:
+        """``programs``' jitted functions by mode ``(cells, cell_batch)``."""
+        return {}
+
+    @staticmethod
+    def _over_cells(fn: Callable, in_axes: tuple[int | None, ...], batch: int | None) -> Callable:
+        """``fn`` over the leading cell axis of the arguments whose ``in_axes`` is 0:
+        one ``vmap``, or ``lax.map`` over batches of ``batch`` cells (``batch`` 1: no
+        ``vmap`` at all, so each cell computes bitwise what ``fn`` alone computes;
+        a ``vmap`` of one may pick other matrix-product kernels)."""
+        if batch is None:
+            return jax.vmap(fn, in_axes=in_axes)
+
+        @functools.wraps(fn)
+        def over_cells(*args):
+            def one(cell_args):
+                given = iter(cell_args)
+                return fn(*(next(given) if axis == 0 else a for a, axis in zip(args, in_axes)))
+
+            mapped = tuple(a for a, axis in zip(args, in_axes) if axis == 0)
+            return jax.lax.map(one, mapped, batch_size=None if batch == 1 else batch)
+
+        return over_cells
 
 
 class Recorder:
@@ -307,7 +385,8 @@ class Recorder:
         self.start, self.accounting, self.on_eval = start, accounting, on_eval
         self.evaluations: list[dict[str, Any]] = []
         self.per_round: list[dict[str, np.ndarray]] = []
-        self.writer = results.RunWriter(out_dir, config) if out_dir is not None else None
+        writes = out_dir is not None and distributed.writes_results()
+        self.writer = results.RunWriter(out_dir, config) if writes else None
         if self.writer and data is not None:
             diagnostics.save_report(data, self.writer.out_dir)
 
@@ -354,6 +433,8 @@ class Recorder:
             **{k: final[k] for k in final if k.startswith(("client_accuracy", "personal_accuracy"))},
             **timing,
             "chunk": setup.round.chunk,
+            "chunk_plan": setup.chunk_plan.describe(),
+            "devices": 1 if setup.round.mesh is None else setup.round.mesh.size,
             "backend": jax.default_backend(),
             "client_state_placement": setup.state_plan.placement,
             "client_state_bytes": setup.state_plan.held_bytes(setup.round.store),
@@ -431,6 +512,8 @@ def run(
     select: LearnedSelect | None = None,
     targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
     client_state: str = "auto",
+    devices: int | None = None,
+    precision: str = "float32",
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -442,13 +525,15 @@ def run(
       hyper: overrides of the algorithm's traced hyperparameters.
       seed: the run's root seed.
       eval_every: rounds per ``lax.scan`` block between evaluations.
-      chunk: clients per ``vmap`` chunk (None: ``cohort.auto_chunk``).
+      chunk: clients per ``vmap`` chunk (None: ``cohort.auto_chunk``'s preference, lowered
+        to what fits the device's free memory, ``memory.plan_chunk``). Either way a
+        round that cannot fit is refused with one line before compiling.
       unroll: local-step scan unrolling.
       weighting: "examples" (FedAvg's n_k) or "uniform".
       eval_batch_size: rows per evaluation batch.
       progress: show a progress bar.
       out_dir: write ``config.toml``, ``metrics.jsonl``, ``summary.json`` and
-        ``curves.png`` there.
+        ``curves.png`` there (process 0 only, in a multi-process run).
       config: the resolved config to record in ``out_dir`` (the CLI passes its own).
       on_eval: called with each evaluation's metrics dict.
       system: device and state heterogeneity (``fedjax_het.system.setup.System``).
@@ -468,6 +553,12 @@ def run(
         in and out of the round by callbacks; bit-identical results) or "auto"
         (the device when they fit comfortably, else the host). A state that
         fits nowhere is refused before compiling (``client_store.plan_client_state``).
+      devices: shard each cohort over this many of ``jax.devices()`` (None: all of
+        them; after ``jax.distributed.initialize``, every host's). Results match one
+        device up to float summation order; ``DeviceStore`` client states are sharded
+        by client too.
+      precision: "float32", or "bfloat16" for local training in bfloat16 with float32
+        master params and aggregation (``local.LocalSpec``).
 
     Returns:
       A :class:`History`.
@@ -479,6 +570,7 @@ def run(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
         eval_batch_size=eval_batch_size, client_state=client_state, slots=slots,
+        precision=precision, devices=devices,
     )
     key = rng.seed_key(seed)
     recorder = Recorder(
@@ -520,7 +612,7 @@ def _run_online(
     """``run``'s loop with the schedule computed in the loop; returns the rows it produced."""
     data, spec = setup.data, setup.round.spec
     sampler = setup.round.sampler
-    slots = _slots(system, sampler, data.num_clients)
+    slots = selection_slots(system, sampler, data.num_clients)
     if select is None:  # as plan_run selects, so that a run and its online twin agree
         plain = scheduling.as_select_fn(
             sampler if slots is None else scheduling.select_among_ready(data.num_clients, slots)
@@ -551,7 +643,8 @@ def _run_online(
         recorder.record(done, metrics, ev)
 
     state, ev, compile_s = train_loop(
-        program.init(setup.init(key), data.num_clients), rounds=rounds, eval_every=eval_every,
+        setup.on_mesh(program.init(setup.init(key), data.num_clients)), rounds=rounds,
+        eval_every=eval_every,
         block=lambda state, ids, _: block_fn(state, ids, inputs),
         evaluate=lambda state: evaluate_(state.run), plans=None, on_eval=record,
         progress=progress,

@@ -34,12 +34,16 @@ def test_every_module_imports():
 
 
 def test_every_source_package_is_listed_in_pyproject():
-    """A new subpackage must be added to pyproject's explicit package list, or wheels lose it."""
+    """A new subpackage must be added to pyproject's explicit package list, or wheels lose it.
+
+    Data folders (``assets``) are listed too, as namespace packages holding package data."""
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     mapped = {"fedjax_het.algorithms": ROOT / "algorithms", "fedjax_het.sampling": ROOT / "sampling"}
     found = set(mapped)
     for init in (ROOT / "fedjax_het").rglob("__init__.py"):
         found.add(".".join(init.parent.relative_to(ROOT).parts))
+    for assets in (ROOT / "fedjax_het").rglob("assets"):
+        found.add(".".join(assets.relative_to(ROOT).parts))
     assert found == listed
 
 
