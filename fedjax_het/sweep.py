@@ -1,15 +1,19 @@
-"""Many runs as one program: a grid of systems and seeds ``vmap``-ed together (DESIGN.md §8).
+"""Many runs as one program: cells of seeds, hyperparameters and systems (DESIGN.md §8).
 
 A heterogeneity study trains the same model under many settings (FLHetBench's
-4 device x 4 state grid, §5.2.3) and seeds. ``sweep`` stacks the runs on a
-leading *cell* axis: the schedules of every cell are one ``vmap``-ed
-``system.schedule``, and every block of rounds of every cell is one
-``vmap``-ed, jitted ``lax.scan``, so a grid compiles once and a GPU sees all
-cells' clients at once.
+4 device x 4 state grid, §5.2.3), learning rates and seeds. ``sweep`` stacks
+the runs on a leading *cell* axis: every cell has its own seed, traced
+hyperparameters (``FederatedAlgorithm.hyper``) and system. The schedules of
+every cell are one ``vmap``-ed ``system.schedule``; every block of rounds of
+every cell is one jitted ``lax.scan`` mapped over the cells (``vmap``-ed on
+accelerators, so that a GPU sees all cells' clients at once). A grid compiles
+once; cells that do not fit at once run in chunks through the same program.
 
-Cell ``i`` is ``(systems[i // len(seeds)], seeds[i % len(seeds)])`` and
-trains what ``simulate.run(..., system=systems[i // len(seeds)], seed=...)``
-trains, up to float summation order (the cells' matrix products are batched).
+A cell trains what ``simulate.run(..., seed=cell.seed, hyper=cell.hyper,
+system=cell.system)`` trains: bitwise when the cells run one at a time inside
+the program (``cell_batch=1``, the CPU default), up to float summation order
+when they are ``vmap``-ed (batched matrix products round differently).
+``fedjax_het.grid`` builds the cells from a config and ``--grid`` axes.
 
 >>> from fedjax_het import models
 >>> from fedjax_het.algorithms import fedavg
@@ -20,23 +24,30 @@ trains, up to float summation order (the cells' matrix products are batched).
 >>> data = FederatedData.from_client_arrays(c.train_x, c.train_y, test_xs=c.test_x,
 ...                                         test_ys=c.test_y, num_classes=3)
 >>> model = models.logistic_regression((5,), 3)
+>>> cells = [Cell(seed=s, hyper={"client_lr": lr}) for lr in (0.03, 0.3) for s in (0, 1)]
 >>> runs = sweep(data, model, fedavg(), uniform(8, 4), rounds=4, eval_every=2,
-...              work=LocalWork(batch_size=8, epochs=1), seeds=(0, 1), progress=False)
+...              work=LocalWork(batch_size=8, epochs=1), cells=cells, progress=False)
 >>> len(runs), [h.metrics[-1]["round"] for h in runs]
-(2, [4, 4])
+(4, [4, 4, 4, 4])
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from fedjax_het import rng
+from fedjax_het import client_store, rng, simulate
 from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.cohort import client_mesh
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.metrics import schedule_accounting
@@ -44,6 +55,28 @@ from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
 from fedjax_het.simulate import History, Recorder, Setup, plan_runs, train_loop
 from fedjax_het.system.setup import System
+from fedjax_het.typing import Hyper, PyTree
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One run of a sweep.
+
+    Attributes:
+      seed: the run's root seed.
+      hyper: overrides of the algorithm's traced hyperparameters, on top of
+        ``sweep``'s ``hyper``.
+      system: device and state heterogeneity, or None (every cell of a sweep
+        has one, or none has).
+      out_dir: where to write the cell's run directory (``simulate.Recorder``), or None.
+      config: the resolved config recorded in ``out_dir`` (re-runnable with ``fedjax-het run``).
+    """
+
+    seed: int = 0
+    hyper: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    system: System | None = None
+    out_dir: str | Path | None = None
+    config: Mapping[str, Any] | None = None
 
 
 def sweep(
@@ -54,9 +87,12 @@ def sweep(
     *,
     rounds: int,
     work: LocalWork,
+    cells: Sequence[Cell] | None = None,
     systems: Sequence[System] | None = None,
     seeds: Sequence[int] = (0,),
-    hyper: dict[str, float] | None = None,
+    hyper: Mapping[str, float] | None = None,
+    cells_at_once: int | None = None,
+    cell_batch: int | None = None,
     eval_every: int = 10,
     chunk: int | None = None,
     unroll: int = 1,
@@ -65,78 +101,193 @@ def sweep(
     progress: bool = True,
     targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
     client_state: str = "auto",
+    devices: int | None = None,
+    precision: str = "float32",
 ) -> list[History]:
-    """Runs every (system, seed) cell as one batched simulation; one ``History`` per cell.
+    """Runs every cell in one compiled simulation; one ``History`` per cell, in order.
 
-    Arguments are those of ``simulate.run``; ``systems`` (None: no system
-    heterogeneity) and ``seeds`` span the cells. The systems must share the
-    availability store, the policy's kind and switches, and the way clients
-    are selected (see ``simulate.plan_runs``). Wall times in the histories are
-    the sweep's, shared by all cells.
+    Arguments are those of ``simulate.run``, and:
+
+    Args:
+      cells: the runs, each with its own seed, hyperparameters and system.
+      systems, seeds: without ``cells``, the cells ``(systems[i // len(seeds)],
+        seeds[i % len(seeds)])`` (``systems`` None: no system heterogeneity).
+      hyper: hyperparameter overrides every cell shares (a cell's own win).
+      cells_at_once: cells per program call; more cells run in chunks through the
+        same compiled program (the last chunk padded with copies of its last cell,
+        whose results are dropped). None: every cell, unless their client states do
+        not fit on the device together (``client_store.plan_client_state``); then as
+        many as fit.
+      cell_batch: cells ``vmap``-ed together inside a program call, the batches one
+        after another (``lax.map``); 1: no ``vmap``, each cell computes bitwise what
+        ``simulate.run`` computes. None: 1 on CPU (XLA:CPU gains nothing from
+        batching small matrix products, as ``cohort.auto_chunk`` finds for clients;
+        see ``experiments/sweep_vs_sequential.py``), every cell at once on accelerators.
+
+    The cells' systems must share the availability store, the policy's kind and
+    switches, and the way clients are selected (``simulate.plan_runs``;
+    ``stack_key`` tells which can). Wall times in a cell's history are those of
+    its chunk, shared by the chunk's cells.
 
     Client states stay on the device, every cell's (``client_state`` "auto" or
     "device"); "host" is refused: its ordered callbacks cannot be ``vmap``-ed
     over cells.
     """
-    if not seeds:
-        raise ValueError("seeds must name at least one seed")
+    cells = _cells(cells, systems, seeds)
     if algorithm.freezing is not None:
         raise ValueError(
             f"{algorithm.name} chooses its freezing inside the loop; sweep runs precomputed "
             "schedules: use simulate.run for each setting"
         )
-    if systems is not None and not systems:
-        raise ValueError("systems must hold at least one System, or be None")
     if client_state == "host":
         raise ValueError(
             "sweep keeps client states on the device (host states cannot be vmap-ed over "
             "cells); use client_state='device' or 'auto', or simulate.run for each cell"
         )
-    cells = list(itertools.product(systems or [None], seeds))
+    for name, value in (("cells_at_once", cells_at_once), ("cell_batch", cell_batch)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    hypers = _stack([_cell_hyper(algorithm, hyper, cell, i) for i, cell in enumerate(cells)])
+    at_once = cells_at_once or _cells_that_fit(
+        algorithm, model, data, len(cells), rounds=rounds, cohort=sampler.cohort_size,
+        devices=devices,
+    )
+    at_once = min(at_once, len(cells))
+    batch = cell_batch or (1 if jax.default_backend() == "cpu" else at_once)
+    batch = None if batch >= at_once else batch
     setup = Setup.build(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
-        eval_batch_size=eval_batch_size,
-        client_state="device" if client_state == "auto" else client_state, runs=len(cells),
+        eval_batch_size=eval_batch_size, client_state="device", runs=at_once,
+        precision=precision, devices=devices,
     )
-    keys = jnp.stack([rng.seed_key(seed) for _, seed in cells])
+    keys = jnp.stack([rng.seed_key(cell.seed) for cell in cells])
     plans, accountings = None, [None] * len(cells)
-    if systems is not None:
+    if cells[0].system is not None:
         plans = plan_runs(
-            [system for system, _ in cells], data, setup.round.spec, sampler, rounds=rounds,
+            [cell.system for cell in cells], data, setup.round.spec, sampler, rounds=rounds,
             keys=keys,
         )
         accountings = [
-            schedule_accounting(_cell(plans, i), setup.round.spec, data.train.count,
+            schedule_accounting(_take(plans, i), setup.round.spec, data.train.count,
                                 data.num_clients)
             for i in range(len(cells))
         ]
-    start = time.perf_counter()
-    recorders = [Recorder(start, accounting) for accounting in accountings]
+    histories = []
+    for first in range(0, len(cells), at_once):
+        real = list(range(first, min(first + at_once, len(cells))))
+        rows = np.asarray(real + real[-1:] * (at_once - len(real)))
+        start = time.perf_counter()
+        recorders = [
+            Recorder(start, accountings[i], out_dir=cells[i].out_dir, config=cells[i].config,
+                     data=data)
+            for i in real
+        ]
 
-    def record(done, block_metrics, ev):
-        for i, recorder in enumerate(recorders):
-            recorder.record(done, _cell(block_metrics, i), _cell(ev, i))
+        def record(done, block_metrics, ev, recorders=recorders):
+            for j, recorder in enumerate(recorders):
+                recorder.record(done, _take(block_metrics, j), _take(ev, j))
 
-    block, evaluate = setup.programs(keys, cells=True)
-    state, ev, compile_s = train_loop(
-        setup.init(keys, cells=True), rounds=rounds, eval_every=eval_every, block=block,
-        evaluate=evaluate, plans=plans, on_eval=record, progress=progress, round_axis=1,
-    )
-    timing = {
-        "wall_s": round(time.perf_counter() - start, 3),
-        "first_block_s_with_compile": round(compile_s, 3),
-        "cells": len(cells),
-    }
-    return [
-        recorder.history(
-            _cell(state, i), _cell(ev, i), setup, targets=targets, timing=timing,
-            plans=None if plans is None else _cell(plans, i),
+        chunk_keys, chunk_hyper = keys[rows], _take(hypers, rows)
+        block, evaluate = setup.programs(
+            chunk_keys, cells=True, hyper=chunk_hyper, cell_batch=batch
         )
-        for i, recorder in enumerate(recorders)
-    ]
+        state, ev, compile_s = train_loop(
+            setup.init(chunk_keys, cells=True, hyper=chunk_hyper), rounds=rounds,
+            eval_every=eval_every, block=block, evaluate=evaluate, plans=_take(plans, rows),
+            on_eval=record, progress=progress, round_axis=1,
+        )
+        timing = {
+            "wall_s": round(time.perf_counter() - start, 3),
+            "first_block_s_with_compile": round(compile_s, 3),
+            "cells": len(cells),
+            "cells_at_once": at_once,
+            "cell_batch": at_once if batch is None else batch,
+        }
+        histories += [
+            recorder.history(
+                _take(state, j), _take(ev, j), setup, targets=targets, timing=timing,
+                plans=_take(plans, i),
+            )
+            for j, (i, recorder) in enumerate(zip(real, recorders))
+        ]
+    return histories
 
 
-def _cell(tree, i: int):
-    """Cell ``i`` of a tree with a leading cell axis (None stays None)."""
-    return None if tree is None else jax.tree.map(lambda a: a[i], tree)
+def stack_key(system: System, sampler: Sampler, num_clients: int) -> tuple:
+    """Equal for systems that ``plan_runs`` can stack into one sweep.
+
+    Such systems share the availability store (compared by content), the
+    policy's kind and switches, the profiles' array shapes, and the way
+    clients are selected; every per-client and policy number may differ.
+    """
+    profiles = system.profiles.replace(availability=None)
+    store = jax.tree.leaves(system.profiles.availability)
+    return (
+        jax.tree.structure(profiles),
+        tuple((np.shape(a), str(np.asarray(a).dtype)) for a in jax.tree.leaves(profiles)),
+        jax.tree.structure(system.policy),
+        tuple((np.shape(a), hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
+              for a in store),
+        simulate.selection_slots(system, sampler, num_clients),
+    )
+
+
+def _cells(
+    cells: Sequence[Cell] | None, systems: Sequence[System] | None, seeds: Sequence[int]
+) -> list[Cell]:
+    """The explicit ``cells``, or those of ``systems x seeds``; checked."""
+    if cells is not None:
+        if systems is not None or tuple(seeds) != (0,):
+            raise ValueError("give cells, or systems and seeds, not both")
+        if not cells:
+            raise ValueError("cells must hold at least one Cell")
+    else:
+        if not seeds:
+            raise ValueError("seeds must name at least one seed")
+        if systems is not None and not systems:
+            raise ValueError("systems must hold at least one System, or be None")
+        cells = [
+            Cell(seed=seed, system=system)
+            for system, seed in itertools.product(systems or [None], seeds)
+        ]
+    if len({cell.system is None for cell in cells}) > 1:
+        raise ValueError("every cell needs a system, or none may have one")
+    return list(cells)
+
+
+def _cell_hyper(
+    algorithm: FederatedAlgorithm, shared: Mapping[str, float] | None, cell: Cell, i: int
+) -> Hyper:
+    try:
+        return algorithm.hyper({**(shared or {}), **cell.hyper})
+    except ValueError as error:
+        raise ValueError(f"cell {i}: {error}") from None
+
+
+def _cells_that_fit(
+    algorithm: FederatedAlgorithm, model: Model, data: FederatedData, cells: int, *,
+    rounds: int, cohort: int, devices: int | None,
+) -> int:
+    """The most cells, halving from ``cells``, whose client states fit on the device together."""
+    mesh = client_mesh(devices)
+    plan = lambda runs: client_store.plan_client_state(
+        algorithm, model, num_clients=data.num_clients, rounds=rounds, slots=cohort,
+        placement="device", runs=runs, devices=1 if mesh is None else mesh.size,
+    )
+    while cells > 1:
+        try:
+            plan(cells)
+            break
+        except ValueError:
+            cells = -(-cells // 2)
+    return cells
+
+
+def _stack(trees: Sequence[PyTree]) -> PyTree:
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _take(tree: PyTree | None, rows) -> PyTree | None:
+    """Rows ``rows`` (an index or an index array) of a tree's leading cell axis; None stays None."""
+    return None if tree is None else jax.tree.map(lambda a: a[rows], tree)
