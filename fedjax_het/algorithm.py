@@ -60,12 +60,14 @@ class ClientStats:
       steps: local steps taken (FedNova's tau_k).
       trained: the train mask it used (pytree of 0/1 shaped like, or broadcastable to,
         the params), or None when it trained every parameter.
+      finite: whether every value of its update is finite (set by ``cohort.run_cohort``).
     """
 
     loss_sum: jax.Array
     examples: jax.Array
     steps: jax.Array
     trained: PyTree | None = None
+    finite: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fedjax_het import config as config_lib
 from fedjax_het import distributed, results
+from fedjax_het.divergence import Diverged
 
 _CONFIG_HELP = "a TOML config; keys left out take the defaults (see `fedjax-het config`)"
 _SET_HELP = (
@@ -135,11 +136,18 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     from fedjax_het import simulate
 
     out = args.out or _default_out(experiment.config)
-    history = simulate.run(
-        experiment.data, experiment.model, experiment.algorithm, experiment.sampler,
-        **experiment.run_kwargs(), progress=not args.no_progress, out_dir=out,
-        config=experiment.config,
-    )
+    try:
+        history = simulate.run(
+            experiment.data, experiment.model, experiment.algorithm, experiment.sampler,
+            **experiment.run_kwargs(), progress=not args.no_progress, out_dir=out,
+            config=experiment.config,
+        )
+    except Diverged as err:
+        if distributed.writes_results():
+            print(f"fedjax-het: {err}; results so far in {out} (summary.json: status "
+                  f"\"diverged\"); engine.nonfinite = \"drop\" leaves non-finite updates out",
+                  file=sys.stderr)
+        return 1
     s = history.summary
     if not distributed.writes_results():
         return 0

@@ -71,6 +71,7 @@ def run_cohort(
     *,
     chunk: int,
     mesh: Mesh | None = None,
+    drop_nonfinite: bool = False,
 ) -> tuple[PyTree, ClientState, ClientStats]:
     """Runs every slot of a cohort and sums their contributions.
 
@@ -84,18 +85,24 @@ def run_cohort(
       mesh: shard the slots over this mesh's ``CLIENTS`` axis (``shard_map``):
         each device runs ``ceil(m / devices)`` slots in chunks, and the sums are
         a ``psum`` across devices. None: one device.
+      drop_nonfinite: a slot whose update holds a NaN or an infinity enters the
+        sums as a zero update at weight 0 (else it poisons them, and the run's
+        divergence check stops the run).
 
     Returns:
-      The aggregator's sums, the new client states ``[m]`` and stats ``[m]``.
+      The aggregator's sums, the new client states ``[m]`` and stats ``[m]``, whose
+      ``finite`` says which updates were finite.
     """
     if mesh is None or mesh.size == 1:
-        return _run_chunks(client_fn, client_states, tasks, aggregator, chunk)
+        return _run_chunks(client_fn, client_states, tasks, aggregator, chunk, drop_nonfinite)
     m = tasks.client_id.shape[0]
     per_device = math.ceil(m / mesh.size)
     states, tasks = _padded(client_states, tasks, per_device * mesh.size)
 
     def shard(states, tasks):
-        sums, new_states, stats = _run_chunks(client_fn, states, tasks, aggregator, chunk)
+        sums, new_states, stats = _run_chunks(
+            client_fn, states, tasks, aggregator, chunk, drop_nonfinite
+        )
         return jax.lax.psum(sums, CLIENTS), new_states, stats
 
     sharded = P(CLIENTS)
@@ -125,7 +132,7 @@ def _padded(states: ClientState, tasks: ClientTask, size: int) -> tuple[ClientSt
 
 def _run_chunks(
     client_fn: ClientFn, client_states: ClientState, tasks: ClientTask, aggregator: Aggregator,
-    chunk: int,
+    chunk: int, drop_nonfinite: bool,
 ) -> tuple[PyTree, ClientState, ClientStats]:
     """``run_cohort`` on one device: a ``lax.scan`` over chunks, each a ``vmap``."""
     m = tasks.client_id.shape[0]
@@ -140,10 +147,17 @@ def _run_chunks(
     def run_chunk(states, chunk_tasks):
         if chunk == 1:
             single = jax.tree.map(lambda x: x[0], (states, chunk_tasks))
-            return jax.tree.map(lambda x: x[None], client_fn(*single))
-        return jax.vmap(client_fn)(states, chunk_tasks)
+            update, state, stats = jax.tree.map(lambda x: x[None], client_fn(*single))
+        else:
+            update, state, stats = jax.vmap(client_fn)(states, chunk_tasks)
+        return update, state, stats.replace(finite=jax.vmap(_all_finite)(update))
 
     def chunk_sums(updates, weights, stats):
+        if drop_nonfinite:
+            weights = jnp.where(stats.finite, weights, 0)
+            updates = jax.tree.map(
+                lambda u: jnp.where(_per_slot(stats.finite, u), u, 0), updates
+            )
         contributions = jax.vmap(aggregator.contribute)(updates, weights, stats)
         return jax.tree.map(lambda c: jnp.sum(c, axis=0), contributions)
 
@@ -162,3 +176,13 @@ def _run_chunks(
     sums, (new_states, stats) = jax.lax.scan(body, zeros, (chunked_states, chunked_tasks))
     unchunk = lambda x: x.reshape(padded, *x.shape[2:])[:m]
     return sums, jax.tree.map(unchunk, new_states), jax.tree.map(unchunk, stats)
+
+
+def _all_finite(tree: PyTree) -> jax.Array:
+    """Whether every value of ``tree`` is finite (one client's update)."""
+    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _per_slot(flags: jax.Array, x: jax.Array) -> jax.Array:
+    """``flags [c]`` broadcast against ``x [c, ...]``."""
+    return flags.reshape(flags.shape + (1,) * (x.ndim - 1))

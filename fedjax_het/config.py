@@ -36,7 +36,8 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
 
     [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size,
                         # client_state: "auto", "device" or "host" (fedjax_het.client_store),
-                        # devices (0 = every local device), precision: "float32" or "bfloat16"
+                        # devices (0 = every local device), precision: "float32" or "bfloat16",
+                        # nonfinite: "stop" or "drop" (fedjax_het.divergence)
 
     [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
     devices = "flash"   # uniform, lognormal, flash; availability = always, bernoulli, strict...
@@ -77,6 +78,7 @@ from fedjax_het.client_store import PLACEMENTS
 from fedjax_het.data import catalog, feature_skew, partitioners
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
+from fedjax_het.divergence import NONFINITE
 from fedjax_het.sampler import Sampler
 from fedjax_het.system import setup
 from fedjax_het.system.policy import num_selected
@@ -99,7 +101,7 @@ DEFAULTS: dict[str, Any] = {
     "local": {"batch_size": 20, "epochs": 1.0},
     "engine": {
         "chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024,
-        "client_state": "auto", "devices": 0, "precision": "float32",
+        "client_state": "auto", "devices": 0, "precision": "float32", "nonfinite": "stop",
     },
     "system": {},
     "policy": {},
@@ -109,7 +111,7 @@ DEFAULTS: dict[str, Any] = {
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
 ENGINE = {
     "chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int, "client_state": str,
-    "devices": int, "precision": str,
+    "devices": int, "precision": str, "nonfinite": str,
 }
 PRECISIONS = ("float32", "bfloat16")
 
@@ -144,6 +146,7 @@ class Experiment:
             "client_state": engine["client_state"],
             "devices": engine["devices"] or None,
             "precision": engine["precision"],
+            "nonfinite": engine["nonfinite"],
             "system": self.system,
             "select": self.select,
         }
@@ -323,6 +326,10 @@ def _check_run(config: dict[str, Any]) -> None:
     for key in ("chunk", "devices"):
         if engine[key] < 0:
             raise ConfigError(f"engine.{key} must be >= 0 (0: automatic), got {engine[key]}")
+    if engine["nonfinite"] not in NONFINITE:
+        raise ConfigError(
+            f"engine.nonfinite must be 'stop' or 'drop', got {engine['nonfinite']!r}"
+        )
     if engine["precision"] not in PRECISIONS:
         raise ConfigError(
             f"engine.precision must be one of {', '.join(map(repr, PRECISIONS))}, got "

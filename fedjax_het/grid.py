@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_het import config as config_lib
-from fedjax_het import distributed, simulate
+from fedjax_het import distributed, results, simulate
 from fedjax_het.config import ConfigError, Experiment
 from fedjax_het.sweep import Cell, stack_key, sweep
 from fedjax_het.system.setup import System
@@ -352,7 +352,7 @@ def write(
         "wall_s": round(wall_s, 3),
         "rows": rows,
     }
-    (out / "grid.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / "grid.json").write_text(results.strict_json(record, indent=2) + "\n")
     plot_grid(grid, rows, [h.metrics for h in histories], out / "grid.png")
 
 

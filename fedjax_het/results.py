@@ -3,7 +3,7 @@
 Layout of ``out_dir``::
 
     config.toml      the resolved config (re-runnable with ``fedjax-het run``)
-    metrics.jsonl    one JSON object per evaluated round
+    metrics.jsonl    one JSON object per evaluated round (strict JSON: a non-finite value is null)
     summary.json     final figures and timings
     arrays.npz       per-round and per-client arrays
     curves.png       test accuracy and losses against rounds
@@ -45,6 +45,22 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+def strict_json(value: Any, **kwargs: Any) -> str:
+    """``value`` as strict JSON: NaN and infinities (which ``json`` writes as bare ``NaN``
+    tokens that strict readers reject) become ``null``."""
+
+    def clean(x):
+        if isinstance(x, Mapping):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        if isinstance(x, (float, np.floating)) and not math.isfinite(x):
+            return None
+        return x
+
+    return json.dumps(clean(value), allow_nan=False, **kwargs)
+
+
 class RunWriter:
     """Writes a run's results as they come, so an interrupted run keeps what it did."""
 
@@ -57,10 +73,10 @@ class RunWriter:
 
     def append(self, line: Mapping[str, Any]) -> None:
         with self._metrics.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(strict_json(line) + "\n")
 
     def finish(self, history) -> None:
-        (self.out_dir / "summary.json").write_text(json.dumps(history.summary, indent=2) + "\n")
+        (self.out_dir / "summary.json").write_text(strict_json(history.summary, indent=2) + "\n")
         np.savez_compressed(
             self.out_dir / "arrays.npz",
             client_accuracy=history.client_accuracy,

@@ -51,6 +51,7 @@ class Round:
     weighting: str = "examples"
     store: ClientStore = ON_DEVICE
     mesh: Mesh | None = None  # shard the cohort over these devices (cohort.run_cohort)
+    drop_nonfinite: bool = False  # non-finite updates enter at weight 0 (cohort.run_cohort)
 
     def cohort(
         self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey, plan: Schedule | None = None
@@ -108,18 +109,21 @@ class Round:
         cohort_states = self.store.gather(state.client_states, ids)
         sums, new_states, stats = run_cohort(
             client_fn, cohort_states, tasks, algorithm.aggregator, chunk=self.chunk,
-            mesh=self.mesh,
+            mesh=self.mesh, drop_nonfinite=self.drop_nonfinite,
         )
         server_state = algorithm.server_update(
             state.server_state, algorithm.aggregator.finalize(sums), hyper
         )
-        counted = tasks.weight > 0
+        nonfinite = (tasks.weight > 0) & ~stats.finite
+        counted = (tasks.weight > 0) & ~(nonfinite & self.drop_nonfinite)
         client_states = self.store.scatter(state.client_states, ids, new_states, counted)
-        examples = jnp.sum(stats.examples)
+        kept = ~(nonfinite & self.drop_nonfinite)  # a dropped update's loss is left out too
+        examples = jnp.sum(jnp.where(kept, stats.examples, 0))
         metrics = {
-            "train_loss": jnp.sum(stats.loss_sum) / jnp.maximum(examples, 1),
+            "train_loss": jnp.sum(jnp.where(kept, stats.loss_sum, 0)) / jnp.maximum(examples, 1),
             "participants": jnp.sum(counted).astype(jnp.int32),
             "examples": examples,
+            "nonfinite_updates": jnp.sum(nonfinite).astype(jnp.int32),
         }
         if algorithm.server_metrics is not None:
             metrics.update(algorithm.server_metrics(server_state))

@@ -26,6 +26,7 @@ from fedjax_het.cohort import client_mesh
 from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
+from fedjax_het.divergence import NONFINITE, Diverged, Divergence, first_divergence
 from fedjax_het.local import DeviceSplit, LocalSpec
 from fedjax_het.metrics import (
     ScheduleAccounting,
@@ -204,7 +205,7 @@ class Setup:
         rounds: int, work: LocalWork, hyper: Mapping[str, float] | None, eval_every: int,
         chunk: int | None, unroll: int, weighting: str, eval_batch_size: int,
         client_state: str = "auto", slots: int | None = None, runs: int = 1,
-        precision: str = "float32", devices: int | None = None,
+        precision: str = "float32", devices: int | None = None, nonfinite: str = "stop",
     ) -> Setup:
         """Checks the arguments ``run`` and ``sweep`` share and builds the round.
 
@@ -225,6 +226,8 @@ class Setup:
             raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
         if data.test is None:
             raise ValueError("run needs a test split to evaluate; build the data with one")
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite must be 'stop' or 'drop', got {nonfinite!r}")
         mesh = client_mesh(devices)
         num_devices = 1 if mesh is None else mesh.size
         state_plan = client_store.plan_client_state(
@@ -242,7 +245,7 @@ class Setup:
         )
         round_ = Round(
             model, algorithm, sampler, spec, chunk=chunk_plan.chunk, weighting=weighting,
-            store=state_plan.store(mesh), mesh=mesh,
+            store=state_plan.store(mesh), mesh=mesh, drop_nonfinite=nonfinite == "drop",
         )
         return cls(
             data, round_, hyper_, train, test, jnp.asarray(data.test.client_ids), eval_batch_size,
@@ -380,9 +383,11 @@ class Recorder:
         self, start: float, accounting: ScheduleAccounting | None, *,
         out_dir: str | Path | None = None, config: Mapping[str, Any] | None = None,
         data: FederatedData | None = None,
-        on_eval: Callable[[dict[str, Any]], None] | None = None,
+        on_eval: Callable[[dict[str, Any]], None] | None = None, drop_nonfinite: bool = False,
     ):
         self.start, self.accounting, self.on_eval = start, accounting, on_eval
+        self.drop_nonfinite = drop_nonfinite
+        self.divergence: Divergence | None = None
         self.evaluations: list[dict[str, Any]] = []
         self.per_round: list[dict[str, np.ndarray]] = []
         writes = out_dir is not None and distributed.writes_results()
@@ -390,15 +395,25 @@ class Recorder:
         if self.writer and data is not None:
             diagnostics.save_report(data, self.writer.out_dir)
 
-    def record(self, done: int, block_metrics: dict[str, np.ndarray] | None, ev) -> None:
-        """Logs the evaluation ``ev`` after ``done`` rounds (``block_metrics``: the last block)."""
+    def record(self, done: int, block_metrics: dict[str, np.ndarray] | None, ev) -> bool:
+        """Logs the evaluation ``ev`` after ``done`` rounds (``block_metrics``: the last block).
+
+        Returns whether the run diverged in this block (``divergence.first_divergence``;
+        the first divergence is kept in ``self.divergence``).
+        """
         if block_metrics is not None:
             self.per_round.append(block_metrics)
+            if self.divergence is None:
+                self.divergence = first_divergence(
+                    done, block_metrics, ev, drop_nonfinite=self.drop_nonfinite
+                )
         line = {
             "round": done,
             "wall_s": round(time.perf_counter() - self.start, 4),
             "train_loss": float(np.mean(block_metrics["train_loss"])) if block_metrics else None,
             "participants": int(block_metrics["participants"][-1]) if block_metrics else 0,
+            "nonfinite_updates": int(np.sum(block_metrics["nonfinite_updates"]))
+            if block_metrics else 0,
             "test_loss": float(ev["loss"]),
             "test_accuracy": float(ev["accuracy"]),
             **client_accuracy_summary(ev["client_correct"], ev["client_count"]),
@@ -411,6 +426,7 @@ class Recorder:
             self.writer.append(line)
         if self.on_eval:
             self.on_eval(line)
+        return self.divergence is not None
 
     def history(
         self, state: RunState, ev, setup: Setup, *, plans: Schedule | None,
@@ -439,6 +455,8 @@ class Recorder:
             "client_state_placement": setup.state_plan.placement,
             "client_state_bytes": setup.state_plan.held_bytes(setup.round.store),
             "to_accuracy": time_to_accuracy(evaluations, targets),
+            "status": "completed" if self.divergence is None else "diverged",
+            **({"diverged": dataclasses.asdict(self.divergence)} if self.divergence else {}),
             **(self.accounting.totals() if self.accounting else {}),
         }
         algorithm = setup.round.algorithm
@@ -455,14 +473,15 @@ class Recorder:
 
 def train_loop(
     state: RunState, *, rounds: int, eval_every: int, block: Callable, evaluate: Callable,
-    plans: Schedule | None, on_eval: Callable[[int, Any, Any], None], progress: bool,
+    plans: Schedule | None, on_eval: Callable[[int, Any, Any], bool | None], progress: bool,
     round_axis: int = 0,
 ) -> tuple[RunState, Any, float]:
     """Runs ``block`` over blocks of ``eval_every`` rounds, evaluating after each.
 
     ``block(state, round_ids, block_plans)`` and ``evaluate(state)`` are jitted
     (and may carry a leading axis of several runs, ``round_axis = 1`` on the
-    plans then); ``on_eval(done, block_metrics, ev)`` gets host arrays.
+    plans then); ``on_eval(done, block_metrics, ev)`` gets host arrays and
+    stops the loop by returning True (a diverged run).
     Returns the final state, evaluation and the first block's time (compile included).
     """
     ev = jax.device_get(evaluate(state))
@@ -481,10 +500,12 @@ def train_loop(
         compile_s = time.perf_counter() - t0 if compile_s is None else compile_s
         done += size
         ev = jax.device_get(evaluate(state))
-        on_eval(done, block_metrics, ev)
+        stop = on_eval(done, block_metrics, ev)
         bar.update(size)
         accuracy = np.atleast_1d(ev["accuracy"])
         bar.set_postfix(acc=f"{float(np.mean(accuracy)):.3f}")
+        if stop:
+            break
     bar.close()
     return state, ev, compile_s
 
@@ -514,6 +535,7 @@ def run(
     client_state: str = "auto",
     devices: int | None = None,
     precision: str = "float32",
+    nonfinite: str = "stop",
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -559,9 +581,18 @@ def run(
         by client too.
       precision: "float32", or "bfloat16" for local training in bfloat16 with float32
         master params and aggregation (``local.LocalSpec``).
+      nonfinite: "stop": a round whose training loss, or a client's update, is not
+        finite (or a global model whose test loss is not) ends the run after its
+        block: the results so far are written, ``summary["status"]`` is "diverged"
+        and :class:`~fedjax_het.divergence.Diverged` is raised (its ``history`` holds
+        them). "drop": non-finite client updates enter at weight 0 and are counted
+        (``nonfinite_updates``); a non-finite loss or model still stops the run.
 
     Returns:
       A :class:`History`.
+
+    Raises:
+      Diverged: the run diverged (see ``nonfinite``).
     """
     slots = None  # clients a round writes at most: the cohort, or its over-committed slots
     if system is not None:
@@ -570,11 +601,12 @@ def run(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
         eval_batch_size=eval_batch_size, client_state=client_state, slots=slots,
-        precision=precision, devices=devices,
+        precision=precision, devices=devices, nonfinite=nonfinite,
     )
     key = rng.seed_key(seed)
     recorder = Recorder(
-        time.perf_counter(), None, out_dir=out_dir, config=config, data=data, on_eval=on_eval
+        time.perf_counter(), None, out_dir=out_dir, config=config, data=data, on_eval=on_eval,
+        drop_nonfinite=nonfinite == "drop",
     )
     if select is not None or algorithm.freezing is not None:
         if system is None:
@@ -602,7 +634,10 @@ def run(
         "wall_s": round(time.perf_counter() - recorder.start, 3),
         "first_block_s_with_compile": round(compile_s, 3),
     }
-    return recorder.history(state, ev, setup, plans=plans, targets=targets, timing=timing)
+    history = recorder.history(state, ev, setup, plans=plans, targets=targets, timing=timing)
+    if recorder.divergence is not None:
+        raise Diverged(recorder.divergence, history)
+    return history
 
 
 def _run_online(
@@ -640,7 +675,7 @@ def _run_online(
             recorder.accounting = schedule_accounting(
                 _concat(rows), spec, data.train.count, data.num_clients
             )
-        recorder.record(done, metrics, ev)
+        return recorder.record(done, metrics, ev)
 
     state, ev, compile_s = train_loop(
         setup.on_mesh(program.init(setup.init(key), data.num_clients)), rounds=rounds,

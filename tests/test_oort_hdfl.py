@@ -111,7 +111,7 @@ def test_the_profile_runs_every_i_rounds_on_the_global_model_and_losses_are_squa
     selection = dataclasses.replace(hdfl(N, M, profile_every=2), loss_squares=True)
     program = online.OnlineRound(built.round, policy, selection, profile_batch_size=7)
     block = jax.jit(program.run_block)  # 7 rows a batch: divides no client's rows
-    states = [program.init(built.init(key), N)]
+    states = [built.on_mesh(program.init(built.init(key), N))]  # placed as blocks return it
     for r in range(3):
         states.append(block(states[-1], jnp.arange(r, r + 1), inputs)[0])
     assert block._cache_size() == 1

@@ -21,12 +21,12 @@ over the C classes; every client counts once in the mean, whatever its size):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedjax_het import results
 from fedjax_het.data.federated import ClientArrays, FederatedData
 from fedjax_het.data.partitioners import label_histogram
 
@@ -171,7 +171,7 @@ def save_report(data: FederatedData, out_dir: str | Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = describe(data)
-    (out_dir / "data_summary.json").write_text(json.dumps(summary) + "\n")
+    (out_dir / "data_summary.json").write_text(results.strict_json(summary) + "\n")
     plot_label_heatmap(np.asarray(summary["label_histogram"]), out_dir / "label_heatmap.png")
     return summary
 

@@ -9,13 +9,13 @@ outcome), the availability heatmap and the participation histogram.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from fedjax_het import results
 from fedjax_het.system import flhetbench, plots
 from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.profiles import ClientProfiles
@@ -87,7 +87,7 @@ def describe(
     plots.plot_availability(
         profiles.availability, np.asarray(profiles.trace)[:200], out / "availability.png"
     )
-    (out / "system_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "system_summary.json").write_text(results.strict_json(summary, indent=2) + "\n")
     return summary
 
 

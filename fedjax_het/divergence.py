@@ -1,0 +1,58 @@
+"""Catching a run that diverges: the first round whose training stopped being finite.
+
+After each block of rounds the host reads the block's per-round metrics and
+the evaluation of the global model. A round diverged when its training loss
+is not finite, or when a client's update held a NaN or an infinity (unless
+such updates are dropped: ``[engine] nonfinite = "drop"``, where they enter
+the aggregate at weight 0 and are counted in ``nonfinite_updates``). A global
+model that evaluates to a non-finite loss diverged by the end of the block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+NONFINITE = ("stop", "drop")
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """Where a run diverged: ``round`` (rounds done, as in ``metrics.jsonl``) and why."""
+
+    round: int
+    clients: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"diverged in round {self.round}: {self.reason}"
+
+
+class Diverged(FloatingPointError):
+    """A run stopped because it diverged; ``history`` holds what it computed until then."""
+
+    def __init__(self, divergence: Divergence, history: Any = None):
+        super().__init__(divergence.describe())
+        self.divergence, self.history = divergence, history
+
+
+def first_divergence(
+    done: int, block_metrics: dict[str, np.ndarray], ev: dict[str, Any], *, drop_nonfinite: bool
+) -> Divergence | None:
+    """The first diverged round of the block that ended after ``done`` rounds, or None."""
+    loss = np.asarray(block_metrics["train_loss"])
+    clients = np.asarray(block_metrics.get("nonfinite_updates", np.zeros(loss.shape, int)))
+    bad = ~np.isfinite(loss) | (clients > 0 if not drop_nonfinite else False)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        at = done - loss.shape[0] + i + 1
+        if clients[i] > 0 and not drop_nonfinite:
+            reason = f"{int(clients[i])} client(s) sent non-finite updates"
+        else:
+            reason = "the training loss is not finite"
+        return Divergence(at, int(clients[i]), reason)
+    if not np.isfinite(ev["loss"]):
+        return Divergence(done, 0, "the global model's test loss is not finite")
+    return None
