@@ -68,7 +68,21 @@ class LocalSpec:
     max_steps: int
     max_count: int
     unroll: int = 1
-    precision: str = "float32"
+    precision: str = "float32"  # or "bfloat16": the local loss on bfloat16 casts (in_bfloat16)
+
+
+def in_bfloat16(tree: PyTree) -> PyTree:
+    """``tree`` with every float leaf cast to bfloat16 (token ids, masks and keys untouched).
+
+    With ``LocalSpec.precision = "bfloat16"`` the whole local loss (the model's
+    forward and backward pass and the algorithm's terms) runs on the bfloat16
+    cast of the float32 master params, inputs and context; the gradient flows
+    back through the cast as float32, so the optimizer, its state, the update
+    and aggregation stay float32 (mixed precision as in Micikevicius et al.
+    2018, without loss scaling: bfloat16 has float32's exponent range).
+    """
+    low = lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return jax.tree.map(low, tree)
 
 
 def client_batches(
@@ -118,7 +132,9 @@ def local_update(
 
     def loss_fn(params, batch, s, key):
         ctx = LocalContext(broadcast, start, client_state, s, num_steps)
-        return algorithm.local_loss(model, params, batch, ctx, hyper, key)
+        if spec.precision == "bfloat16":
+            params, batch, ctx = in_bfloat16((params, batch, ctx))
+        return algorithm.local_loss(model, params, batch, ctx, hyper, key).astype(jnp.float32)
 
     def step(carry, inputs):
         params, opt_state, loss_sum = carry
