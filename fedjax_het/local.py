@@ -1,10 +1,13 @@
 """One client's round of local training: a ``lax.scan`` over steps, with masks (DESIGN.md §4).
 
 Written for a single client, with no client axis; ``cohort.py`` adds the axis.
-A step past the client's ``num_steps`` (deadline, partial work, small client)
-leaves params and optimizer state untouched: the params update is multiplied
-by the step mask (one fused pass) and the optimizer state is kept with
-``where``. An all-true mask gives bitwise the unmasked result.
+A step past the client's ``num_steps`` (deadline, partial work, small client,
+a late or dropped slot) is skipped under ``lax.cond``: run one client at a
+time (chunk 1, the CPU default) it costs nothing. Under ``vmap`` the ``cond``
+becomes a select that computes the step anyway, and the step mask keeps it
+from changing anything: the params update is multiplied by the mask (one fused
+pass) and the optimizer state is kept with ``where``. An all-true mask gives
+bitwise the unmasked result.
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ def local_update(
             params, batch, ctx = in_bfloat16((params, batch, ctx))
         return algorithm.local_loss(model, params, batch, ctx, hyper, key).astype(jnp.float32)
 
-    def step(carry, inputs):
+    def masked_step(carry, inputs):
         params, opt_state, loss_sum = carry
         s, x, y, mask = inputs
         loss, grads = jax.value_and_grad(loss_fn)(
@@ -156,6 +159,10 @@ def local_update(
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
         processed = jnp.where(s < num_steps, jnp.sum(mask), 0)
         return (params, opt_state, loss_sum + jnp.where(s < num_steps, loss * processed, 0.0)), processed
+
+    def step(carry, inputs):
+        skip = lambda carry, inputs: (carry, jnp.zeros((), jnp.int32))
+        return jax.lax.cond(inputs[0] < num_steps, masked_step, skip, carry, inputs)
 
     init = (start, optimizer.init(start), jnp.zeros((), jnp.float32))
     (params, _, loss_sum), processed = jax.lax.scan(
