@@ -57,12 +57,14 @@ memory, say) gets a row with its error and no time; the others go on.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import json
 import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -108,6 +110,16 @@ class Setup:
     @property
     def cohort(self) -> int:
         return self.round_.sampler.cohort_size
+
+
+def results_path(out: str | None, name: str, *, quick: bool) -> Path:
+    """``out``, else ``bench_results/<name>[-quick]-<UTC time>.jsonl``, its folder made."""
+    stamp = datetime.datetime.now(datetime.UTC)
+    path = Path(out or Path(__file__).parent / "bench_results" / (
+        f"{name}{'-quick' if quick else ''}-{stamp:%Y%m%dT%H%M%SZ}.jsonl"
+    ))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def make_setup(model: models.Model, train: ClientArrays, work: LocalWork, cohort: int) -> Setup:

@@ -32,7 +32,6 @@ import datetime
 import json
 import resource
 import time
-from pathlib import Path
 from typing import Any
 
 import bench_harness as harness
@@ -115,14 +114,7 @@ def main(argv: list[str] | None = None) -> None:
 
     backend = jax.default_backend()
     stamp = datetime.datetime.now(datetime.UTC)
-    quick = "-quick" if args.quick else ""
-    out = Path(
-        args.out
-        or Path(__file__).parent
-        / "bench_results"
-        / f"scale-{backend}-{clients}x{per_round}{quick}-{stamp:%Y%m%dT%H%M%SZ}.jsonl"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = harness.results_path(args.out, f"scale-{backend}-{clients}x{per_round}", quick=args.quick)
     env = results.environment()
     print(f"{env['device']}  jax {env['versions']['jax']}  {clients} clients, {per_round} a round")
 

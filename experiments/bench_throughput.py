@@ -51,7 +51,6 @@ import datetime
 import functools
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import bench_harness as harness
@@ -382,14 +381,8 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     stamp = datetime.datetime.now(datetime.UTC)
+    out = harness.results_path(args.out, f"throughput-{backend}-{suite_name}", quick=args.quick)
     quick = "-quick" if args.quick else ""
-    out = Path(
-        args.out
-        or Path(__file__).parent
-        / "bench_results"
-        / f"throughput-{backend}-{suite_name}{quick}-{stamp:%Y%m%dT%H%M%SZ}.jsonl"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
     env = results.environment()
     print(f"{env['device']}  jax {env['versions']['jax']}  suite {suite_name}{quick} -> {out}")
 
