@@ -132,8 +132,8 @@ def test_in_loop_selection_and_host_states_match_one_device():
 
 def test_sweep_matches_one_device():
     e = experiment()
-    kwargs = dict(rounds=4, work=e.work, hyper=e.hyper, eval_every=2, chunk=2, seeds=(0, 1),
-                  progress=False)
+    kwargs = {"rounds": 4, "work": e.work, "hyper": e.hyper, "eval_every": 2, "chunk": 2,
+              "seeds": (0, 1), "progress": False}
     one = sweep(e.data, e.model, e.algorithm, e.sampler, devices=1, **kwargs)
     many = sweep(e.data, e.model, e.algorithm, e.sampler, devices=4, **kwargs)
     for a, b in zip(many, one):
