@@ -41,6 +41,7 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
 
     [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
     devices = "flash"   # uniform, lognormal, flash; availability = always, bernoulli, strict...
+                        # (devices, network, availability: or your own "traces/x.csv")
 
     [policy]            # optional: how rounds run: wait_all, deadline, readiness
     kind = "deadline"
@@ -301,8 +302,9 @@ def _system(config: dict[str, Any], num_clients: int) -> setup.System | None:
         for name in tables:
             config.pop(name, None)
         return None
-    profile_args = _arguments("system", setup.profiles_from_options, tables["system"],
-                              skip=("num_clients",))
+    profile_args = setup.absolute_paths(_arguments(
+        "system", setup.profiles_from_options, tables["system"], skip=("num_clients",)
+    ))
     policy_args = _arguments("policy", setup.policy_from_options, tables["policy"])
     config["system"] = _resolved(profile_args, setup.profiles_from_options, ("num_clients",))
     config["policy"] = _resolved(policy_args, setup.policy_from_options)

@@ -8,17 +8,29 @@ traces (``availability``). ``device_sampler`` / ``state_sampler`` choose which
 device and trace each client gets with a heterogeneity sampler registered in
 ``fedjax_het.registry`` (``dpgmm`` and ``dpcsm`` from ``fedjax_het.sampling``
 at a ``mild`` / ``middle`` / ``severe`` level); ``random`` draws them
-uniformly. ``policy_from_options`` builds the ``RoundPolicy``.
+uniformly.
+
+Each of the three sources may instead be your own file: a value ending in
+``.csv`` is a path (a relative one is read from the working directory;
+``absolute_paths`` pins it for the run's record) in a schema of
+``fedjax_het.system.sources_csv``, whose rows for client ``k`` give client
+``k``'s profile (no sampler applies).
+
+``policy_from_options`` builds the ``RoundPolicy``.
 
 Compute speed of a device: the median device of the AI-Benchmark table takes
 ``step_time`` seconds per local step and a device of score ``s`` takes
 ``step_time * median_score / s`` (speed proportional to the AI score, the
-rule of ``sources.step_time_from_score`` with the median device as reference).
+rule of ``sources.step_time_from_score`` with the median device as reference);
+an ``ai_score`` column of a devices CSV is read with the same rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +38,7 @@ import numpy as np
 
 from fedjax_het import registry, rng
 from fedjax_het.system import policy as policies
-from fedjax_het.system import sources, sources_synthetic
+from fedjax_het.system import sources, sources_csv, sources_synthetic
 from fedjax_het.system.availability import Availability
 from fedjax_het.system.policy import RoundPolicy
 from fedjax_het.system.profiles import ClientProfiles, no_traces, validate
@@ -34,6 +46,7 @@ from fedjax_het.system.profiles import ClientProfiles, no_traces, validate
 DEVICES = ("uniform", "lognormal", "flash")
 NETWORKS = ("uniform", "flash")
 AVAILABILITY = ("always", "bernoulli", "strict", "loose")
+SOURCES = ("devices", "network", "availability")  # the options that also take a CSV path
 DAY_S = 86_400.0
 
 
@@ -59,6 +72,7 @@ def profiles_from_options(
     availability: str = "always",
     availability_p: float = 0.5,
     availability_slots: int = 24,
+    availability_period: float = DAY_S,
     min_interval: float = 0.0,
     state_sampler: str = "random",
     state_level: str = "middle",
@@ -70,25 +84,33 @@ def profiles_from_options(
       num_clients: N.
       seed: seed of every random choice here (rows drawn, synthetic speeds, slots).
       devices: "uniform" (everyone ``step_time``), "lognormal" (median ``step_time``,
-        log-std ``step_time_sigma``) or "flash" (AI-Benchmark devices).
+        log-std ``step_time_sigma``), "flash" (AI-Benchmark devices) or a CSV path
+        (``client,step_time_s`` or ``client,ai_score``, one row per client).
       device_sampler: "random" or a registered device sampler (e.g. "dpgmm") choosing the
         AI-Benchmark rows at ``device_level``; only with ``devices = "flash"``.
-      network: "uniform" (``bandwidth`` bytes/s both ways, no spread) or "flash" (the 19
-        measured profiles, kbit/s read as 125 bytes/s per unit).
+      network: "uniform" (``bandwidth`` bytes/s both ways, no spread), "flash" (the 19
+        measured profiles, kbit/s read as 125 bytes/s per unit) or a CSV path
+        (``client,down_bytes_per_s,up_bytes_per_s``, optional ``*_std_bytes_per_s``).
       availability: "always", "bernoulli" (ready in each of ``availability_slots`` slots of a
-        day with probability ``availability_p``) or the FLASH traces ("strict", "loose"),
-        dropping intervals shorter than ``min_interval`` seconds.
+        cycle of ``availability_period`` seconds with probability ``availability_p``), the
+        FLASH traces ("strict", "loose"; their own 48 h cycle) or a CSV path
+        (``client,start_s,end_s`` intervals of a cycle of ``availability_period`` seconds,
+        every client listed), dropping intervals shorter than ``min_interval`` seconds.
       state_sampler: "random" or a registered state sampler (e.g. "dpcsm") choosing the traces
         at ``state_level``; only with FLASH traces.
       dropout: probability that a started client drops out in a round.
     """
-    _one_of("system.devices", devices, DEVICES)
-    _one_of("system.network", network, NETWORKS)
-    _one_of("system.availability", availability, AVAILABILITY)
+    _source("system.devices", devices, DEVICES)
+    _source("system.network", network, NETWORKS)
+    _source("system.availability", availability, AVAILABILITY)
     if not 0 <= dropout <= 1:
         raise ValueError(f"system.dropout is a probability in [0, 1], got {dropout}")
     if not step_time >= 0 or not bandwidth > 0 or not step_time_sigma >= 0:
         raise ValueError("system.step_time and step_time_sigma must be >= 0, bandwidth > 0")
+    if not availability_period > 0:
+        raise ValueError(
+            f"system.availability_period must be > 0 seconds, got {availability_period}"
+        )
     if device_sampler != "random" and devices != "flash":
         raise ValueError("system.device_sampler needs devices = \"flash\" (a device database)")
     if state_sampler != "random" and availability not in ("strict", "loose"):
@@ -98,7 +120,7 @@ def profiles_from_options(
                        device_level, seed)
     net = _network(key, num_clients, network, bandwidth)
     trace, av = _availability(key, num_clients, availability, availability_p, availability_slots,
-                              min_interval, state_sampler, state_level, seed)
+                              availability_period, min_interval, state_sampler, state_level, seed)
     profiles = ClientProfiles(
         step_time=jnp.asarray(step, jnp.float32), **net, trace=trace,
         dropout=jnp.full((num_clients,), dropout, jnp.float32), availability=av,
@@ -135,9 +157,32 @@ def policy_from_options(
     return policies.wait_all(**common)
 
 
+def is_csv_path(value: str) -> bool:
+    """Whether a ``devices`` / ``network`` / ``availability`` value names a file: it ends in
+    ``.csv`` (any case). Built-in source names never do."""
+    return value.lower().endswith(".csv")
+
+
+def absolute_paths(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``[system]`` options with every CSV source made absolute (a relative path is read from
+    the working directory), so that the recorded config reproduces the run from anywhere."""
+    return {
+        key: str(Path(value).resolve())
+        if key in SOURCES and isinstance(value, str) and is_csv_path(value) else value
+        for key, value in options.items()
+    }
+
+
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _source(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if not is_csv_path(value) and value not in allowed:
+        raise ValueError(
+            f"{name} must be one of {', '.join(allowed)} or a path ending in .csv; got {value!r}"
+        )
 
 
 def _rows(key, num_clients: int, pool: int, sampler: str, level: str, values, seed: int, kind):
@@ -148,6 +193,10 @@ def _rows(key, num_clients: int, pool: int, sampler: str, level: str, values, se
 
 
 def _step_times(key, n, devices, step_time, sigma, sampler, level, seed):
+    if is_csv_path(devices):
+        return jnp.asarray(sources_csv.load_step_times_csv(
+            devices, num_clients=n, score_to_step_time=lambda s: step_time * _median_score() / s
+        ))
     if devices == "uniform":
         return jnp.full((n,), step_time)
     if devices == "lognormal":
@@ -157,10 +206,18 @@ def _step_times(key, n, devices, step_time, sigma, sampler, level, seed):
     scores = sources.load_devices()["ai_score"]
     rows = _rows(rng.stream(key, "devices"), n, scores.shape[0], sampler, level, scores, seed,
                  "device_sampler")
-    return step_time * float(np.median(scores)) / jnp.asarray(scores)[rows]
+    return step_time * _median_score() / jnp.asarray(scores)[rows]
+
+
+def _median_score() -> float:
+    """AI score of the median AI-Benchmark device, the one that takes ``step_time`` per step."""
+    return float(np.median(sources.load_devices()["ai_score"]))
 
 
 def _network(key, n, network, bandwidth) -> dict[str, jax.Array]:
+    if is_csv_path(network):
+        table = sources_csv.load_network_csv(network, num_clients=n)
+        return {name: jnp.asarray(values, jnp.float32) for name, values in table.items()}
     if network == "uniform":
         full = jnp.full((n,), bandwidth, jnp.float32)
         return {"down_mean": full, "down_std": 0 * full, "up_mean": full, "up_std": 0 * full}
@@ -170,12 +227,17 @@ def _network(key, n, network, bandwidth) -> dict[str, jax.Array]:
             for name in ("down_mean", "down_std", "up_mean", "up_std")}
 
 
-def _availability(key, n, kind, p, slots, min_interval, sampler, level, seed):
+def _availability(key, n, kind, p, slots, period, min_interval, sampler, level, seed):
     if kind == "always":
         return jnp.full((n,), -1, jnp.int32), no_traces()
+    if is_csv_path(kind):
+        av = sources_csv.load_intervals_csv(
+            kind, period=period, num_clients=n, min_interval=min_interval, every_client=True
+        )
+        return jnp.arange(n, dtype=jnp.int32), av
     if kind == "bernoulli":
         av = sources_synthetic.bernoulli_availability(
-            rng.stream(key, "availability"), n, p=p, slots=slots, period=DAY_S
+            rng.stream(key, "availability"), n, p=p, slots=slots, period=period
         )
         return jnp.arange(n, dtype=jnp.int32), av
     av, _ = sources.load_traces(kind, min_interval=min_interval, drop_never_ready=True)
