@@ -103,6 +103,7 @@ def sweep(
     client_state: str = "auto",
     devices: int | None = None,
     precision: str = "float32",
+    nonfinite: str = "stop",
 ) -> list[History]:
     """Runs every cell in one compiled simulation; one ``History`` per cell, in order.
 
@@ -113,6 +114,8 @@ def sweep(
       systems, seeds: without ``cells``, the cells ``(systems[i // len(seeds)],
         seeds[i % len(seeds)])`` (``systems`` None: no system heterogeneity).
       hyper: hyperparameter overrides every cell shares (a cell's own win).
+      nonfinite: as in ``simulate.run``, except that a diverged cell does not stop
+        the others: it is marked (``summary["status"]`` "diverged") and runs on.
       cells_at_once: cells per program call; more cells run in chunks through the
         same compiled program (the last chunk padded with copies of its last cell,
         whose results are dropped). None: every cell, unless their client states do
@@ -159,7 +162,7 @@ def sweep(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
         eval_batch_size=eval_batch_size, client_state="device", runs=at_once,
-        precision=precision, devices=devices,
+        precision=precision, devices=devices, nonfinite=nonfinite,
     )
     keys = jnp.stack([rng.seed_key(cell.seed) for cell in cells])
     plans, accountings = None, [None] * len(cells)
@@ -180,7 +183,7 @@ def sweep(
         start = time.perf_counter()
         recorders = [
             Recorder(start, accountings[i], out_dir=cells[i].out_dir, config=cells[i].config,
-                     data=data)
+                     data=data, drop_nonfinite=nonfinite == "drop")
             for i in real
         ]
 

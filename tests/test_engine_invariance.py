@@ -214,15 +214,18 @@ def unmasked_client(params, indices, train):
     return jax.tree.map(lambda a, b: a - b, params, trained)
 
 
-def test_all_true_mask_is_bitwise_unmasked_and_all_false_is_identity():
-    """Every step active and every example real: bitwise the mask-free step function.
+def test_all_true_mask_is_the_unmasked_step_and_all_false_is_identity():
+    """Every step active and every example real: the mask-free step function, to float32 rounding.
 
-    With step limit 0 every step is masked: the update is exactly zero.
+    The engine's step runs inside a ``lax.cond`` branch (steps past the budget
+    are skipped), which XLA compiles apart from the mask-free scan, so the two
+    may round differently (measured: 1 ulp). With step limit 0 every step is
+    skipped: the update is exactly zero.
     """
     train, params, tasks = setup()
     update, stats, indices = masked_client(params, tasks, local.NO_STEP_LIMIT, train)
     assert int(stats.steps) == 6 and int(stats.examples) == 24
-    assert_trees_equal(update, unmasked_client(params, indices, train))
+    assert_trees_close(update, unmasked_client(params, indices, train))
     zeros = jax.tree.map(np.zeros_like, params)
     assert max_abs_difference(update, zeros) > 1e-3
 
