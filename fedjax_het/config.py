@@ -80,6 +80,7 @@ from fedjax_het.data import catalog, feature_skew, partitioners
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.divergence import NONFINITE
+from fedjax_het.local import PRECISIONS
 from fedjax_het.sampler import Sampler
 from fedjax_het.system import setup
 from fedjax_het.system.policy import num_selected
@@ -114,7 +115,6 @@ ENGINE = {
     "chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int, "client_state": str,
     "devices": int, "precision": str, "nonfinite": str,
 }
-PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass
