@@ -1,20 +1,27 @@
 """The ``fedjax-het`` command.
 
-    fedjax-het run [CONFIG.toml] [--set key=value ...] [--out DIR]
+    fedjax-het run [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
+    fedjax-het run --resume RUN_DIR
     fedjax-het sweep [CONFIG.toml] [--set key=value ...] --grid KEY=V1,V2,... [--grid KEY=A..B ...]
-                     [--out DIR] [--one-program] [--cells-at-once N]
+                     [--out DIR] [--overwrite] [--one-program] [--cells-at-once N]
+    fedjax-het sweep --resume SWEEP_DIR
     fedjax-het config [CONFIG.toml] [--set key=value ...]
     fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR]
     fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR]
 
 With no config file the default experiment runs (``fedjax_het.config.DEFAULTS``).
 A config error stops the command with one line naming the key (and, for a
-sweep, the grid cell), before anything is built or compiled.
+sweep, the grid cell), before anything is built or compiled; so does an output
+directory that cannot be used (a file, unwritable, or holding another run unless
+``--overwrite``). Ctrl-C or SIGTERM stops a run after the block of rounds it is
+computing, writes a checkpoint and the results so far, prints how to resume and
+exits 130 / 143; ``--resume`` continues bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -22,7 +29,10 @@ from pathlib import Path
 
 from fedjax_het import config as config_lib
 from fedjax_het import distributed, results
+from fedjax_het.checkpoint import CheckpointError
 from fedjax_het.divergence import Diverged
+from fedjax_het.interrupt import Interrupted
+from fedjax_het.results import NotWritten, OutDirError
 
 _CONFIG_HELP = "a TOML config; keys left out take the defaults (see `fedjax-het config`)"
 _SET_HELP = (
@@ -34,6 +44,16 @@ _SET_HELP = (
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help=_CONFIG_HELP)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=_SET_HELP)
+
+
+def _add_resume_args(parser: argparse.ArgumentParser, metavar: str, what: str) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an output directory that already holds files")
+    parser.add_argument(
+        "--resume", metavar=metavar,
+        help=f"continue {what} from its checkpoint (its config.toml, unless a config or --set "
+        "is given: then it must resolve to the same config)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,6 +72,7 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_config_args(run)
     run.add_argument("--out", help="output directory (default: runs/<data>-<algorithm>-<time>)")
+    _add_resume_args(run, "RUN_DIR", "a run directory")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sweep = commands.add_parser(
@@ -65,11 +86,12 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_config_args(sweep)
     sweep.add_argument(
-        "--grid", action="append", required=True, metavar="KEY=VALUES",
+        "--grid", action="append", metavar="KEY=VALUES",
         help="an axis: comma-separated TOML values (algorithm.client_lr=0.01,0.1) or an "
         "inclusive integer range (seed=0..3); may be repeated",
     )
     sweep.add_argument("--out", help="output directory (default: runs/sweep-<data>-<algorithm>-<time>)")
+    _add_resume_args(sweep, "SWEEP_DIR", "a sweep's output directory")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
     sweep.add_argument("--one-program", action="store_true",
                        help="refuse a grid that needs more than one compiled program")
@@ -114,17 +136,25 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "sweep":
-        return _sweep(args)
     try:
+        if args.command == "sweep":
+            return _sweep(args)
+        if args.command == "run" and args.resume:
+            args.out = args.resume
+            args.config = args.config or _stored_config(args.resume, "config.toml")
         raw = config_lib.load(args.config, args.set)
         distributed.initialize(config_lib.cluster(raw))
         experiment = config_lib.build(raw)
         if args.command == "config":
             print(results.to_toml(experiment.config), end="")
             return 0
+        if args.command == "run":
+            args.out = args.out if args.out is not None else _default_out(experiment.config)
+            results.prepare_out_dir(args.out, overwrite=args.overwrite, resume=bool(args.resume))
     except config_lib.ConfigError as err:
         return _config_error(err)
+    except (OutDirError, CheckpointError) as err:
+        return _error(err)
     if args.command == "data":
         return _describe_data(experiment, Path(args.out))
     if args.command == "hetero":
@@ -132,15 +162,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(experiment, args)
 
 
+def _stored_config(directory: str, name: str) -> str:
+    """The config a run or sweep directory was started with (``name`` inside it)."""
+    path = Path(directory) / name
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {name}: it is not a run or sweep to resume")
+    return str(path)
+
+
 def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     from fedjax_het import simulate
 
-    out = args.out or _default_out(experiment.config)
+    out = args.out
     try:
         history = simulate.run(
             experiment.data, experiment.model, experiment.algorithm, experiment.sampler,
             **experiment.run_kwargs(), progress=not args.no_progress, out_dir=out,
-            config=experiment.config,
+            config=experiment.config, resume=bool(args.resume), overwrite=args.overwrite,
         )
     except Diverged as err:
         if distributed.writes_results():
@@ -148,6 +186,12 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
                   f"\"diverged\"); engine.nonfinite = \"drop\" leaves non-finite updates out",
                   file=sys.stderr)
         return 1
+    except Interrupted as err:
+        return _interrupted(err, f"fedjax-het run --resume {out}", out)
+    except NotWritten as err:
+        return _error(err, 1)
+    except (OutDirError, CheckpointError) as err:
+        return _error(err)
     s = history.summary
     if not distributed.writes_results():
         return 0
@@ -157,6 +201,18 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
         f"{s['rounds']} rounds in {s['wall_s']:.1f} s; results in {history.out_dir}"
     )
     return 0
+
+
+def _interrupted(err: Interrupted, resume: str, out: str | Path) -> int:
+    if distributed.writes_results():
+        print(f"fedjax-het: {err}; checkpoint and results so far in {out}; continue with: "
+              f"{resume}", file=sys.stderr)
+    return err.exit_code
+
+
+def _error(err: Exception, code: int = 2) -> int:
+    print(f"fedjax-het: {err}", file=sys.stderr)
+    return code
 
 
 def _config_error(err: config_lib.ConfigError) -> int:
@@ -170,19 +226,40 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.cells_at_once is not None and args.cells_at_once < 1:
         print("fedjax-het: --cells-at-once must be >= 1", file=sys.stderr)
         return 2
+    if not args.grid and not args.resume:
+        print("fedjax-het: sweep needs at least one --grid axis (or --resume SWEEP_DIR)",
+              file=sys.stderr)
+        return 2
+    if args.resume:  # the command the sweep was started with, recorded in its directory
+        stored = json.loads(Path(_stored_config(args.resume, grid.COMMAND)).read_text())
+        args.config, args.set, args.grid = stored["config"], stored["set"], stored["grid"]
+        args.cells_at_once, args.one_program = stored["cells_at_once"], stored["one_program"]
+        args.out = args.resume
     try:
         distributed.initialize(config_lib.cluster(config_lib.load(args.config, args.set)))
-        axes = [grid.parse_axis(spec) for spec in args.grid]
+        axes = [grid.parse_axis(spec) for spec in args.grid or ()]
         plan = grid.plan(args.config, args.set, axes, one_program=args.one_program)
+        out = Path(args.out or _default_out(plan.cells[0].config, "sweep-"))
+        results.prepare_out_dir(out, overwrite=args.overwrite, resume=bool(args.resume))
     except config_lib.ConfigError as err:
         return _config_error(err)
     verb = "changes" if len(plan.splitting) == 1 else "change"
     changing = f" ({', '.join(plan.splitting)} {verb} the program)" if plan.splitting else ""
     print(f"{len(plan.cells)} cells, {len(plan.programs)} compiled program(s){changing}")
-    out = Path(args.out or _default_out(plan.cells[0].config, "sweep-"))
-    histories = grid.run(
-        plan, out, progress=not args.no_progress, cells_at_once=args.cells_at_once
-    )
+    command = {"config": args.config and str(Path(args.config).resolve()), "set": args.set,
+               "grid": args.grid, "cells_at_once": args.cells_at_once,
+               "one_program": args.one_program}
+    try:
+        histories = grid.run(
+            plan, out, progress=not args.no_progress, cells_at_once=args.cells_at_once,
+            command=command, resume=bool(args.resume), overwrite=args.overwrite,
+        )
+    except Interrupted as err:
+        return _interrupted(err, f"fedjax-het sweep --resume {out}", out)
+    except NotWritten as err:
+        return _error(err, 1)
+    except CheckpointError as err:
+        return _error(err)
     if not distributed.writes_results():
         return 0
     for history, cell in zip(histories, plan.cells):

@@ -115,6 +115,14 @@ class DeviceStore:
         """Rows the store holds: every client's."""
         return num_clients
 
+    def host_rows(self) -> dict[str, np.ndarray]:
+        """What a checkpoint must keep besides the run state: nothing (the rows are in it)."""
+        return {}
+
+    def restore_host_rows(self, arrays: dict[str, np.ndarray]) -> None:
+        """Nothing to restore (see ``host_rows``)."""
+        del arrays
+
 
 @struct.dataclass
 class HostRows:
@@ -233,6 +241,23 @@ class HostStore:
         """Rows the store holds: one per client whose update ever counted."""
         del num_clients
         return self.table.count
+
+    def host_rows(self) -> dict[str, np.ndarray]:
+        """The host table, for a checkpoint (``restore_host_rows`` puts it back)."""
+        table = self.table
+        return {
+            "host/slot": table.slot, "host/count_version": np.asarray([table.count, table.version]),
+            **{f"host/leaf{i}": leaf[: table.count] for i, leaf in enumerate(table.leaves)},
+        }
+
+    def restore_host_rows(self, arrays: dict[str, np.ndarray]) -> None:
+        """The table as ``host_rows`` saved it (``arrays``: its entries without ``host/``)."""
+        table = self.table
+        if len(arrays) != 2 + len(table.leaves) or arrays["slot"].shape != table.slot.shape:
+            raise ValueError("the checkpoint's host rows are not this run's client states")
+        table.slot = arrays["slot"].astype(np.int32)
+        table.count, table.version = (int(v) for v in arrays["count_version"])
+        table.leaves = [arrays[f"leaf{i}"].copy() for i in range(len(table.leaves))]
 
 
 ClientStore = DeviceStore | HostStore

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_het import config as config_lib
-from fedjax_het import distributed, results, simulate
+from fedjax_het import checkpoint, distributed, results, simulate
 from fedjax_het.config import ConfigError, Experiment
 from fedjax_het.sweep import Cell, stack_key, sweep
 from fedjax_het.system.setup import System
@@ -268,21 +268,32 @@ def _one_program_error(grid: Plan) -> str:
     )
 
 
+COMMAND = "sweep.json"  # the sweep's config path, --set and --grid, for --resume
+
+
 def run(
-    grid: Plan, out: str | Path, *, progress: bool = True, cells_at_once: int | None = None
+    grid: Plan, out: str | Path, *, progress: bool = True, cells_at_once: int | None = None,
+    command: Mapping[str, Any] | None = None, resume: bool = False, overwrite: bool = False,
 ) -> list[simulate.History]:
     """Runs every program of ``grid``; writes the cell directories, grid.csv, grid.json, grid.png.
 
     Returns one ``History`` per cell, in grid order (``out_dir``: its cell directory).
-    In a multi-process run only process 0 writes.
+    In a multi-process run only process 0 writes. ``command`` (the CLI's config
+    path, ``--set`` and ``--grid``) is saved as ``sweep.json`` for ``--resume``.
+    Checkpoints go to ``checkpoints/program-K`` (a swept program's chunks) and the
+    cell directories (a program of one run); with ``resume`` every program
+    continues from its checkpoint, one without a checkpoint starts afresh.
+    ``overwrite``: the directories may already hold files.
     """
     out = Path(out)
     writes = distributed.writes_results()
     if writes:
-        out.mkdir(parents=True, exist_ok=True)
+        results.prepare_out_dir(out, overwrite=overwrite, resume=resume)
+        if command is not None and not resume:
+            (out / COMMAND).write_text(json.dumps(command, indent=2) + "\n")
     by_cell: dict[int, simulate.History] = {}
     start = time.perf_counter()
-    for program in grid.programs:
+    for k, program in enumerate(grid.programs):
         exp = program.experiment
         dirs = [out / f"cell-{i:03d}" for i in program.cells]
         if program.swept:
@@ -292,13 +303,16 @@ def run(
             cells = [grid.cells[i] for i in program.cells]
             done = sweep(
                 exp.data, exp.model, exp.algorithm, exp.sampler, **kwargs, progress=progress,
-                cells_at_once=cells_at_once,
+                cells_at_once=cells_at_once, checkpoints=out / "checkpoints" / f"program-{k}",
+                resume=resume, overwrite=overwrite,
                 cells=[Cell(c.seed, c.hyper, c.system, d, c.config) for c, d in zip(cells, dirs)],
             )
         else:
             done = [simulate.run(
                 exp.data, exp.model, exp.algorithm, exp.sampler, **exp.run_kwargs(),
                 progress=progress, out_dir=dirs[0], config=exp.config,
+                resume=resume and (dirs[0] / checkpoint.FILE).is_file(),
+                overwrite=overwrite or resume,
             )]
         by_cell.update(zip(program.cells, done))
     histories = [by_cell[i] for i in range(len(grid.cells))]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,30 +61,109 @@ def strict_json(value: Any, **kwargs: Any) -> str:
     return json.dumps(clean(value), allow_nan=False, **kwargs)
 
 
-class RunWriter:
-    """Writes a run's results as they come, so an interrupted run keeps what it did."""
+class OutDirError(ValueError):
+    """An output directory that cannot be used: a file, unwritable, or holding another run."""
 
-    def __init__(self, out_dir: str | Path, config: Mapping[str, Any] | None):
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "config.toml").write_text(to_toml(config or {}))
+
+class NotWritten(OSError):
+    """Results that could not be written (a full disk, say); the others were.
+
+    ``history`` holds the run's results in memory; ``missing`` names each file
+    not written with the reason.
+    """
+
+    def __init__(self, out_dir: Path, missing: Sequence[str], history=None):
+        self.out_dir, self.missing, self.history = out_dir, list(missing), history
+        super().__init__(f"could not write {'; '.join(self.missing)} in {out_dir}")
+
+
+def prepare_out_dir(out_dir: str | Path, *, overwrite: bool = False, resume: bool = False) -> Path:
+    """Checks (and creates) a run's output directory before anything runs.
+
+    Refused with :class:`OutDirError`: an empty path, a path that is a file,
+    a directory that cannot be written, and a directory that already holds
+    files (another run's results: nothing a user wrote is replaced) unless
+    ``overwrite`` (our result files in it are replaced, a stale checkpoint
+    removed) or ``resume`` (it must hold a run to continue).
+    """
+    if str(out_dir).strip() == "":
+        raise OutDirError("the output directory is an empty path; name a directory")
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise OutDirError(f"the output directory {path} is a file")
+    if resume:
+        if not path.is_dir():
+            raise OutDirError(f"there is no run to resume at {path}")
+    elif path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise OutDirError(
+                f"{path} already holds files (another run?); choose a new --out, pass "
+                "--overwrite to replace its results, or --resume to continue it"
+            )
+        (path / "checkpoint.npz").unlink(missing_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".fedjax_het_write_test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OutDirError(f"cannot write to the output directory {path}: {err.strerror}") from None
+    return path
+
+
+class RunWriter:
+    """Writes a run's results as they come, so an interrupted run keeps what it did.
+
+    A file that cannot be written (a full disk) does not stop the run: the
+    failure is kept in ``missing`` (``NotWritten`` reports it at the end) and
+    the other files are still written.
+    """
+
+    def __init__(
+        self, out_dir: str | Path, config: Mapping[str, Any] | None, *, overwrite: bool = False,
+        resume: bool = False,
+    ):
+        self.out_dir = prepare_out_dir(out_dir, overwrite=overwrite, resume=resume)
+        self.missing: dict[str, str] = {}
+        self.write("config.toml", lambda path: path.write_text(to_toml(config or {})))
         self._metrics = self.out_dir / "metrics.jsonl"
-        self._metrics.write_text("")
+        self.write("metrics.jsonl", lambda path: path.write_text(""))
+
+    def write(self, name: str, write: Callable[[Path], Any]) -> None:
+        """``write(out_dir / name)``; an ``OSError`` is recorded in ``missing``, not raised."""
+        try:
+            write(self.out_dir / name)
+        except OSError as err:
+            self.missing.setdefault(name, err.strerror or str(err))
+
+    def rewrite_metrics(self, lines: Sequence[Mapping[str, Any]]) -> None:
+        """``metrics.jsonl`` holding exactly ``lines`` (a resumed run's, up to its checkpoint)."""
+        text = "".join(strict_json(line) + "\n" for line in lines)
+        self.write("metrics.jsonl", lambda path: path.write_text(text))
 
     def append(self, line: Mapping[str, Any]) -> None:
-        with self._metrics.open("a") as f:
-            f.write(strict_json(line) + "\n")
+        def append(path: Path) -> None:
+            with path.open("a") as f:
+                f.write(strict_json(line) + "\n")
+
+        self.write("metrics.jsonl", append)
 
     def finish(self, history) -> None:
-        (self.out_dir / "summary.json").write_text(strict_json(history.summary, indent=2) + "\n")
-        np.savez_compressed(
-            self.out_dir / "arrays.npz",
-            client_accuracy=history.client_accuracy,
+        """Writes summary.json, arrays.npz and curves.png; raises ``NotWritten`` if any
+        file of the run could not be written (after writing every one it could)."""
+        summary = strict_json(history.summary, indent=2) + "\n"
+        self.write("summary.json", lambda path: path.write_text(summary))
+        arrays = {
+            "client_accuracy": history.client_accuracy,
             **({} if history.personal_accuracy is None
                else {"personal_accuracy": history.personal_accuracy}),
             **{f"round_{k}": v for k, v in history.round_metrics.items()},
-        )
-        plot_curves(history.metrics, self.out_dir / "curves.png")
+        }
+        self.write("arrays.npz", lambda path: np.savez_compressed(path, **arrays))
+        self.write("curves.png", lambda path: plot_curves(history.metrics, path))
+        if self.missing:
+            missing = [f"{name} ({why})" for name, why in self.missing.items()]
+            raise NotWritten(self.out_dir, missing, history)
 
 
 def plot_curves(metrics: list[Mapping[str, Any]], path: Path) -> None:

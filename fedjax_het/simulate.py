@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
 import time
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_het import client_store, distributed, memory, online, results, rng
+from fedjax_het import checkpoint, client_store, distributed, interrupt, memory, online, results, rng
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.cohort import client_mesh
 from fedjax_het.data import diagnostics
@@ -384,16 +386,45 @@ class Recorder:
         out_dir: str | Path | None = None, config: Mapping[str, Any] | None = None,
         data: FederatedData | None = None,
         on_eval: Callable[[dict[str, Any]], None] | None = None, drop_nonfinite: bool = False,
+        overwrite: bool = False, resume: bool = False,
     ):
         self.start, self.accounting, self.on_eval = start, accounting, on_eval
         self.drop_nonfinite = drop_nonfinite
         self.divergence: Divergence | None = None
+        self.interrupted: int | None = None
+        self.checkpoint: checkpoint.Saved | None = None
+        self.checkpoint_round: int | None = None
+        self.wall_before = 0.0  # wall seconds of the run before it was resumed
         self.evaluations: list[dict[str, Any]] = []
         self.per_round: list[dict[str, np.ndarray]] = []
         writes = out_dir is not None and distributed.writes_results()
-        self.writer = results.RunWriter(out_dir, config) if writes else None
+        self.writer = (
+            results.RunWriter(out_dir, config, overwrite=overwrite, resume=resume) if writes
+            else None
+        )
         if self.writer and data is not None:
-            diagnostics.save_report(data, self.writer.out_dir)
+            self.writer.write(
+                "data_summary.json", lambda path: diagnostics.save_report(data, path.parent)
+            )
+
+    def records(self, prefix: str) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+        """What a checkpoint keeps of this recorder: per-round arrays (named under
+        ``prefix``) and the evaluation lines."""
+        arrays = {
+            f"{prefix}/{k}": np.concatenate([b[k] for b in self.per_round])
+            for k in (self.per_round[0] if self.per_round else {})
+        }
+        return arrays, self.evaluations
+
+    def restore(self, arrays: Mapping[str, np.ndarray], evaluations: list[dict[str, Any]],
+                wall_before: float) -> None:
+        """Continues from a checkpoint's ``records``: the metrics file is rewritten to them
+        (dropping any line the interrupted run wrote after its checkpoint)."""
+        self.per_round = [dict(arrays)] if arrays else []
+        self.evaluations = list(evaluations)
+        self.wall_before = wall_before
+        if self.writer:
+            self.writer.rewrite_metrics(self.evaluations)
 
     def record(self, done: int, block_metrics: dict[str, np.ndarray] | None, ev) -> bool:
         """Logs the evaluation ``ev`` after ``done`` rounds (``block_metrics``: the last block).
@@ -409,7 +440,7 @@ class Recorder:
                 )
         line = {
             "round": done,
-            "wall_s": round(time.perf_counter() - self.start, 4),
+            "wall_s": round(self.wall_before + time.perf_counter() - self.start, 4),
             "train_loss": float(np.mean(block_metrics["train_loss"])) if block_metrics else None,
             "participants": int(block_metrics["participants"][-1]) if block_metrics else 0,
             "nonfinite_updates": int(np.sum(block_metrics["nonfinite_updates"]))
@@ -427,6 +458,13 @@ class Recorder:
         if self.on_eval:
             self.on_eval(line)
         return self.divergence is not None
+
+    @property
+    def status(self) -> str:
+        """"diverged", "interrupted" or "completed"."""
+        if self.divergence is not None:
+            return "diverged"
+        return "completed" if self.interrupted is None else "interrupted"
 
     def history(
         self, state: RunState, ev, setup: Setup, *, plans: Schedule | None,
@@ -455,8 +493,13 @@ class Recorder:
             "client_state_placement": setup.state_plan.placement,
             "client_state_bytes": setup.state_plan.held_bytes(setup.round.store),
             "to_accuracy": time_to_accuracy(evaluations, targets),
-            "status": "completed" if self.divergence is None else "diverged",
+            "status": self.status,
             **({"diverged": dataclasses.asdict(self.divergence)} if self.divergence else {}),
+            **({"interrupted": {"signal": signal.Signals(self.interrupted).name,
+                                "round": final["round"]}} if self.interrupted else {}),
+            **({"checkpoint": {"round": self.checkpoint_round, "bytes": self.checkpoint.bytes,
+                               "seconds": round(self.checkpoint.seconds, 4)}}
+               if self.checkpoint else {}),
             **(self.accounting.totals() if self.accounting else {}),
         }
         algorithm = setup.round.algorithm
@@ -466,48 +509,75 @@ class Recorder:
             personal_accuracy=personal_accuracy,
         )
         if self.writer:
-            self.writer.finish(history)
             history.out_dir = self.writer.out_dir
+            self.writer.finish(history)
         return history
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopEnd:
+    """Where ``train_loop`` stopped: the state, its evaluation, the first block's time
+    (compile included; None if no block ran), rounds done, and the signal that
+    interrupted the loop (None: it ran to the end or diverged)."""
+
+    state: Any
+    ev: Any
+    compile_s: float | None
+    done: int
+    interrupted: int | None = None
 
 
 def train_loop(
     state: RunState, *, rounds: int, eval_every: int, block: Callable, evaluate: Callable,
     plans: Schedule | None, on_eval: Callable[[int, Any, Any], bool | None], progress: bool,
-    round_axis: int = 0,
-) -> tuple[RunState, Any, float]:
+    round_axis: int = 0, done: int = 0, save: Callable[[int, Any], None] | None = None,
+    checkpoint_every: int = 0,
+) -> LoopEnd:
     """Runs ``block`` over blocks of ``eval_every`` rounds, evaluating after each.
 
     ``block(state, round_ids, block_plans)`` and ``evaluate(state)`` are jitted
     (and may carry a leading axis of several runs, ``round_axis = 1`` on the
     plans then); ``on_eval(done, block_metrics, ev)`` gets host arrays and
     stops the loop by returning True (a diverged run).
-    Returns the final state, evaluation and the first block's time (compile included).
+
+    ``done``: rounds already done (a resumed run; ``state`` is its state then, and
+    blocks keep their boundaries at multiples of ``eval_every``, so every block is
+    the one the uninterrupted run computes). ``save(done, state)`` writes a
+    checkpoint: at the first block end at or past each multiple of
+    ``checkpoint_every`` rounds (0: never), at the end, and when SIGINT or SIGTERM
+    arrives (``interrupt.deferred``: the loop stops after the current block).
     """
-    ev = jax.device_get(evaluate(state))
-    on_eval(0, None, ev)
-    compile_s = None
-    bar = tqdm(total=rounds, desc="rounds", unit="round", disable=not progress, leave=True)
-    done = 0
-    while done < rounds:
-        size = min(eval_every, rounds - done)
-        round_ids = jnp.arange(done, done + size, dtype=jnp.int32)
-        rows = (slice(None),) * round_axis + (slice(done, done + size),)
-        block_plans = None if plans is None else jax.tree.map(lambda a, rows=rows: a[rows], plans)
-        t0 = time.perf_counter()
-        state, block_metrics = block(state, round_ids, block_plans)
-        block_metrics = jax.device_get(block_metrics)
-        compile_s = time.perf_counter() - t0 if compile_s is None else compile_s
-        done += size
+    with interrupt.deferred() as pending:
         ev = jax.device_get(evaluate(state))
-        stop = on_eval(done, block_metrics, ev)
-        bar.update(size)
-        accuracy = np.atleast_1d(ev["accuracy"])
-        bar.set_postfix(acc=f"{float(np.mean(accuracy)):.3f}")
-        if stop:
-            break
-    bar.close()
-    return state, ev, compile_s
+        if done == 0:
+            on_eval(0, None, ev)
+        compile_s, saved_at = None, done
+        bar = tqdm(total=rounds, initial=done, desc="rounds", unit="round", disable=not progress,
+                   leave=True)
+        while done < rounds and pending.signum is None:
+            size = min(eval_every - done % eval_every, rounds - done)
+            round_ids = jnp.arange(done, done + size, dtype=jnp.int32)
+            rows = (slice(None),) * round_axis + (slice(done, done + size),)
+            block_plans = None if plans is None else jax.tree.map(lambda a, rows=rows: a[rows], plans)
+            t0 = time.perf_counter()
+            state, block_metrics = block(state, round_ids, block_plans)
+            block_metrics = jax.device_get(block_metrics)
+            compile_s = time.perf_counter() - t0 if compile_s is None else compile_s
+            before, done = done, done + size
+            ev = jax.device_get(evaluate(state))
+            stop = on_eval(done, block_metrics, ev)
+            bar.update(size)
+            bar.set_postfix(acc=f"{float(np.mean(np.atleast_1d(ev['accuracy']))):.3f}")
+            if stop:
+                break
+            due = checkpoint_every and done // checkpoint_every > before // checkpoint_every
+            if save is not None and (due or done == rounds or pending.signum is not None):
+                save(done, state)
+                saved_at = done
+        if save is not None and pending.signum is not None and saved_at != done:
+            save(done, state)
+        bar.close()
+    return LoopEnd(state, ev, compile_s, done, pending.signum)
 
 
 def run(
@@ -536,6 +606,9 @@ def run(
     devices: int | None = None,
     precision: str = "float32",
     nonfinite: str = "stop",
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -587,12 +660,24 @@ def run(
         and :class:`~fedjax_het.divergence.Diverged` is raised (its ``history`` holds
         them). "drop": non-finite client updates enter at weight 0 and are counted
         (``nonfinite_updates``); a non-finite loss or model still stops the run.
+      checkpoint_every: with ``out_dir``, write ``out_dir/checkpoint.npz``
+        (``fedjax_het.checkpoint``) at the first evaluation at or past every multiple
+        of this many rounds (0: only at the end and on an interrupt).
+      resume: continue the run in ``out_dir`` from its checkpoint: the results are bit
+        for bit those of the uninterrupted run (wall times aside). Refused
+        (``checkpoint.CheckpointError``) if ``config`` differs from the checkpoint's
+        or the checkpoint's arrays do not fit this run.
+      overwrite: write into an ``out_dir`` that already holds files (refused otherwise,
+        ``results.OutDirError``).
 
     Returns:
       A :class:`History`.
 
     Raises:
       Diverged: the run diverged (see ``nonfinite``).
+      Interrupted: SIGINT or SIGTERM stopped the run after a block; the checkpoint
+        and results were written (``interrupt.Interrupted``, its ``history`` holds them).
+      NotWritten: some result files could not be written (``results.NotWritten``).
     """
     slots = None  # clients a round writes at most: the cohort, or its over-committed slots
     if system is not None:
@@ -603,21 +688,28 @@ def run(
         eval_batch_size=eval_batch_size, client_state=client_state, slots=slots,
         precision=precision, devices=devices, nonfinite=nonfinite,
     )
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+    if resume and out_dir is None:
+        raise ValueError("resume continues the run in out_dir; give run its out_dir")
     key = rng.seed_key(seed)
     recorder = Recorder(
         time.perf_counter(), None, out_dir=out_dir, config=config, data=data, on_eval=on_eval,
-        drop_nonfinite=nonfinite == "drop",
+        drop_nonfinite=nonfinite == "drop", overwrite=overwrite, resume=resume,
     )
+    loop = functools.partial(
+        train_loop, rounds=rounds, eval_every=eval_every, progress=progress,
+        checkpoint_every=checkpoint_every,
+    )
+    resumed = load_checkpoint(out_dir, config, [recorder]) if resume else None
     if select is not None or algorithm.freezing is not None:
         if system is None:
             raise ValueError(
                 f"a learned select and {algorithm.name}'s freezing choose from device timings; "
                 "give run a system"
             )
-        state, ev, compile_s, plans = _run_online(
-            setup, system, select, key, recorder, rounds=rounds, eval_every=eval_every,
-            progress=progress,
-        )
+        end, plans = _run_online(setup, system, select, key, recorder, loop, out_dir, config,
+                                 resumed)
     else:
         plans = None
         if system is not None:
@@ -626,25 +718,107 @@ def run(
                 plans, setup.round.spec, data.train.count, data.num_clients
             )
         block, evaluate_ = setup.programs(key)
-        state, ev, compile_s = train_loop(
-            setup.init(key), rounds=rounds, eval_every=eval_every, block=block,
-            evaluate=evaluate_, plans=plans, on_eval=recorder.record, progress=progress,
+        state = setup.init(key)
+        if resumed is not None:
+            state = restore_state(resumed, state, setup.round.store)
+        end = loop(
+            state, block=block, evaluate=evaluate_, plans=plans, on_eval=recorder.record,
+            save=checkpointer(out_dir, config, [recorder], setup.round.store, lambda: {}),
+            done=0 if resumed is None else resumed.done,
         )
+    return _finish(recorder, end, setup, plans, targets)
+
+
+def _finish(recorder: Recorder, end: LoopEnd, setup: Setup, plans: Schedule | None,
+            targets: Sequence[float]) -> History:
+    """``run``'s History from where its loop ended; raises what ended it early."""
+    recorder.interrupted = end.interrupted
     timing = {
-        "wall_s": round(time.perf_counter() - recorder.start, 3),
-        "first_block_s_with_compile": round(compile_s, 3),
+        "wall_s": round(recorder.wall_before + time.perf_counter() - recorder.start, 3),
+        "first_block_s_with_compile": None if end.compile_s is None else round(end.compile_s, 3),
     }
-    history = recorder.history(state, ev, setup, plans=plans, targets=targets, timing=timing)
+    history = recorder.history(end.state, end.ev, setup, plans=plans, targets=targets,
+                               timing=timing)
     if recorder.divergence is not None:
         raise Diverged(recorder.divergence, history)
+    if end.interrupted is not None:
+        raise interrupt.Interrupted(end.interrupted, end.done, history)
     return history
+
+
+def checkpointer(
+    out_dir: str | Path | None, config: Mapping[str, Any] | None, recorders: Sequence[Recorder],
+    store: client_store.ClientStore, extra: Callable[[], dict[str, np.ndarray]],
+) -> Callable[[int, Any], None] | None:
+    """``train_loop``'s ``save``: the run state, the host-held client rows, the
+    recorders' records and ``extra()`` as ``out_dir/checkpoint.npz`` (None: no ``out_dir``).
+
+    A checkpoint that cannot be written (a full disk) is reported by the run's
+    ``NotWritten`` at the end; the previous one stays.
+    """
+    if out_dir is None:
+        return None
+
+    def save(done: int, state: Any) -> None:
+        arrays = {**checkpoint.leaves("state", state), **store.host_rows(), **extra()}
+        evaluations = []
+        for j, recorder in enumerate(recorders):
+            records, lines = recorder.records(f"records{j}")
+            arrays.update(records)
+            evaluations.append(lines)
+        first = recorders[0]
+        manifest = {
+            "config": results.to_toml(config or {}), "evaluations": evaluations,
+            "wall_s": first.wall_before + time.perf_counter() - first.start,
+        }
+        try:
+            saved = checkpoint.save(out_dir, done=done, arrays=arrays, manifest=manifest)
+        except OSError as err:
+            for recorder in recorders:
+                if recorder.writer:
+                    recorder.writer.missing[checkpoint.FILE] = f"round {done}: {err.strerror}"
+            return
+        for recorder in recorders:
+            recorder.checkpoint, recorder.checkpoint_round = saved, done
+
+    return save
+
+
+def load_checkpoint(
+    out_dir: str | Path, config: Mapping[str, Any] | None, recorders: Sequence[Recorder]
+) -> checkpoint.Loaded:
+    """The checkpoint in ``out_dir``, its records restored into ``recorders``; refused if
+    ``config`` differs from the one it was written with."""
+    loaded = checkpoint.load(out_dir)
+    if config is not None:
+        differ = checkpoint.config_differences(
+            tomllib.loads(results.to_toml(config)), tomllib.loads(loaded.manifest["config"])
+        )
+        if differ:
+            raise checkpoint.CheckpointError(
+                f"the config differs from the checkpoint's in {'; '.join(differ)}"
+            )
+    for j, recorder in enumerate(recorders):
+        recorder.restore(loaded.group(f"records{j}"), loaded.manifest["evaluations"][j],
+                         loaded.manifest["wall_s"])
+    return loaded
+
+
+def restore_state(loaded: checkpoint.Loaded, like: Any, store: client_store.ClientStore) -> Any:
+    """The checkpoint's run state, placed like ``like`` (a fresh ``init``), and the
+    store's host rows."""
+    jax.block_until_ready(like)  # a HostStore's init empties its table; restore after it
+    store.restore_host_rows(loaded.group("host"))
+    return loaded.tree("state", like)
 
 
 def _run_online(
     setup: Setup, system: System, select: LearnedSelect | None, key: PRNGKey,
-    recorder: Recorder, *, rounds: int, eval_every: int, progress: bool,
-) -> tuple[RunState, Any, float, Schedule]:
-    """``run``'s loop with the schedule computed in the loop; returns the rows it produced."""
+    recorder: Recorder, loop: Callable[..., LoopEnd], out_dir: str | Path | None,
+    config: Mapping[str, Any] | None, resumed: checkpoint.Loaded | None,
+) -> tuple[LoopEnd, Schedule]:
+    """``run``'s loop with the schedule computed in the loop; returns where it ended and
+    the schedule rows it produced (a checkpoint keeps them)."""
     data, spec = setup.data, setup.round.spec
     sampler = setup.round.sampler
     slots = selection_slots(system, sampler, data.num_clients)
@@ -667,24 +841,36 @@ def _run_online(
     _, evaluate_ = setup.programs(key)
     rows: list[Schedule] = []
 
+    def account():
+        recorder.accounting = schedule_accounting(
+            _concat(rows), spec, data.train.count, data.num_clients
+        )
+
     def record(done, block_output, ev):
         metrics = None
         if block_output is not None:
             metrics, row = block_output
             rows.append(row)
-            recorder.accounting = schedule_accounting(
-                _concat(rows), spec, data.train.count, data.num_clients
-            )
+            account()
         return recorder.record(done, metrics, ev)
 
-    state, ev, compile_s = train_loop(
-        setup.on_mesh(program.init(setup.init(key), data.num_clients)), rounds=rounds,
-        eval_every=eval_every,
-        block=lambda state, ids, _: block_fn(state, ids, inputs),
+    state = setup.on_mesh(program.init(setup.init(key), data.num_clients))
+    if resumed is not None:
+        state = restore_state(resumed, state, setup.round.store)
+        stored = resumed.group("schedule")
+        if stored:
+            rows.append(Schedule(**{name.lstrip("."): jnp.asarray(a) for name, a in stored.items()}))
+            account()
+    end = loop(
+        state, block=lambda state, ids, _: block_fn(state, ids, inputs),
         evaluate=lambda state: evaluate_(state.run), plans=None, on_eval=record,
-        progress=progress,
+        save=checkpointer(
+            out_dir, config, [recorder], setup.round.store,
+            lambda: checkpoint.leaves("schedule", _concat(rows)) if rows else {},
+        ),
+        done=0 if resumed is None else resumed.done,
     )
-    return state.run, ev, compile_s, _concat(rows)
+    return dataclasses.replace(end, state=end.state.run), _concat(rows) if rows else None
 
 
 def _concat(rows: Sequence[Schedule]) -> Schedule:

@@ -45,11 +45,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import client_store, rng, simulate
+from fedjax_het import checkpoint, client_store, rng, simulate
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.cohort import client_mesh
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
+from fedjax_het.interrupt import Interrupted
 from fedjax_het.metrics import schedule_accounting
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
@@ -104,6 +105,10 @@ def sweep(
     devices: int | None = None,
     precision: str = "float32",
     nonfinite: str = "stop",
+    checkpoints: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> list[History]:
     """Runs every cell in one compiled simulation; one ``History`` per cell, in order.
 
@@ -126,6 +131,13 @@ def sweep(
         ``simulate.run`` computes. None: 1 on CPU (XLA:CPU gains nothing from
         batching small matrix products, as ``cohort.auto_chunk`` finds for clients;
         see ``experiments/sweep_vs_sequential.py``), every cell at once on accelerators.
+
+      checkpoints: a directory for the checkpoints (``chunk-NNN/checkpoint.npz``, one per
+        chunk of cells, NNN its first cell), written as ``simulate.run`` writes its
+        own (``checkpoint_every``); with ``resume`` a chunk continues from its
+        checkpoint (a finished chunk's is its last, so it does not train again) and a
+        chunk without one starts afresh. ``overwrite``: cells may write into
+        directories that already hold files.
 
     The cells' systems must share the availability store, the policy's kind and
     switches, and the way clients are selected (``simulate.plan_runs``;
@@ -176,14 +188,19 @@ def sweep(
                                 data.num_clients)
             for i in range(len(cells))
         ]
+    if resume and checkpoints is None:
+        raise ValueError("resume continues from the checkpoints; give sweep its checkpoints")
     histories = []
     for first in range(0, len(cells), at_once):
         real = list(range(first, min(first + at_once, len(cells))))
         rows = np.asarray(real + real[-1:] * (at_once - len(real)))
         start = time.perf_counter()
+        where = None if checkpoints is None else Path(checkpoints) / f"chunk-{first:03d}"
+        resumed = resume and (where / checkpoint.FILE).is_file()
         recorders = [
             Recorder(start, accountings[i], out_dir=cells[i].out_dir, config=cells[i].config,
-                     data=data, drop_nonfinite=nonfinite == "drop")
+                     data=data, drop_nonfinite=nonfinite == "drop", resume=resumed,
+                     overwrite=overwrite or resume)
             for i in real
         ]
 
@@ -195,25 +212,35 @@ def sweep(
         block, evaluate = setup.programs(
             chunk_keys, cells=True, hyper=chunk_hyper, cell_batch=batch
         )
-        state, ev, compile_s = train_loop(
-            setup.init(chunk_keys, cells=True, hyper=chunk_hyper), rounds=rounds,
-            eval_every=eval_every, block=block, evaluate=evaluate, plans=_take(plans, rows),
-            on_eval=record, progress=progress, round_axis=1,
+        state, done = setup.init(chunk_keys, cells=True, hyper=chunk_hyper), 0
+        if resumed:
+            loaded = simulate.load_checkpoint(where, cells[first].config, recorders)
+            state, done = simulate.restore_state(loaded, state, setup.round.store), loaded.done
+        if where is not None:
+            where.mkdir(parents=True, exist_ok=True)
+        end = train_loop(
+            state, rounds=rounds, eval_every=eval_every, block=block, evaluate=evaluate,
+            plans=_take(plans, rows), on_eval=record, progress=progress, round_axis=1,
+            done=done, checkpoint_every=checkpoint_every,
+            save=simulate.checkpointer(where, cells[first].config, recorders,
+                                        setup.round.store, dict),
         )
         timing = {
-            "wall_s": round(time.perf_counter() - start, 3),
-            "first_block_s_with_compile": round(compile_s, 3),
+            "wall_s": round(recorders[0].wall_before + time.perf_counter() - start, 3),
+            "first_block_s_with_compile": None if end.compile_s is None
+            else round(end.compile_s, 3),
             "cells": len(cells),
             "cells_at_once": at_once,
             "cell_batch": at_once if batch is None else batch,
         }
-        histories += [
-            recorder.history(
-                _take(state, j), _take(ev, j), setup, targets=targets, timing=timing,
+        for j, (i, recorder) in enumerate(zip(real, recorders)):
+            recorder.interrupted = end.interrupted
+            histories.append(recorder.history(
+                _take(end.state, j), _take(end.ev, j), setup, targets=targets, timing=timing,
                 plans=_take(plans, i),
-            )
-            for j, (i, recorder) in enumerate(zip(real, recorders))
-        ]
+            ))
+        if end.interrupted is not None:
+            raise Interrupted(end.interrupted, end.done, histories)
     return histories
 
 
