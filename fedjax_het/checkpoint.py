@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import time
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,24 @@ def load(out_dir: str | Path) -> Loaded:
     for name, dtype in manifest["dtypes"].items():
         arrays[name] = arrays[name].view(jax.numpy.dtype(dtype))
     return Loaded(int(manifest["done"]), arrays, manifest)
+
+
+def check_config(out_dir: str | Path, config: Mapping[str, Any]) -> None:
+    """Refuses (CheckpointError naming the keys) a ``config`` other than the one the
+    checkpoint in ``out_dir`` was written with; reads only the manifest."""
+    path = Path(out_dir) / FILE
+    if not path.is_file():
+        raise CheckpointError(f"{out_dir} has no {FILE} to resume from")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            stored = json.loads(str(npz[_MANIFEST]))["config"]
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from None
+    differ = config_differences(
+        tomllib.loads(results.to_toml(config)), tomllib.loads(stored)
+    )
+    if differ:
+        raise CheckpointError(f"the config differs from the checkpoint's in {'; '.join(differ)}")
 
 
 def config_differences(resumed: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedjax_het import config as config_lib
-from fedjax_het import distributed, results
+from fedjax_het import checkpoint, distributed, results
 from fedjax_het.checkpoint import CheckpointError
 from fedjax_het.divergence import Diverged
 from fedjax_het.interrupt import Interrupted
@@ -151,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             args.out = args.out if args.out is not None else _default_out(experiment.config)
             results.prepare_out_dir(args.out, overwrite=args.overwrite, resume=bool(args.resume))
+            if args.resume:
+                checkpoint.check_config(args.out, experiment.config)
     except config_lib.ConfigError as err:
         return _config_error(err)
     except (OutDirError, CheckpointError) as err:

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import signal
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -693,6 +692,8 @@ def run(
     if resume and out_dir is None:
         raise ValueError("resume continues the run in out_dir; give run its out_dir")
     key = rng.seed_key(seed)
+    if resume and config is not None:  # before the Recorder rewrites config.toml
+        checkpoint.check_config(out_dir, config)
     recorder = Recorder(
         time.perf_counter(), None, out_dir=out_dir, config=config, data=data, on_eval=on_eval,
         drop_nonfinite=nonfinite == "drop", overwrite=overwrite, resume=resume,
@@ -701,7 +702,7 @@ def run(
         train_loop, rounds=rounds, eval_every=eval_every, progress=progress,
         checkpoint_every=checkpoint_every,
     )
-    resumed = load_checkpoint(out_dir, config, [recorder]) if resume else None
+    resumed = load_checkpoint(out_dir, [recorder]) if resume else None
     if select is not None or algorithm.freezing is not None:
         if system is None:
             raise ValueError(
@@ -784,20 +785,10 @@ def checkpointer(
     return save
 
 
-def load_checkpoint(
-    out_dir: str | Path, config: Mapping[str, Any] | None, recorders: Sequence[Recorder]
-) -> checkpoint.Loaded:
-    """The checkpoint in ``out_dir``, its records restored into ``recorders``; refused if
-    ``config`` differs from the one it was written with."""
+def load_checkpoint(out_dir: str | Path, recorders: Sequence[Recorder]) -> checkpoint.Loaded:
+    """The checkpoint in ``out_dir``, its records restored into ``recorders`` (check the
+    config first, ``checkpoint.check_config``, before a recorder rewrites it)."""
     loaded = checkpoint.load(out_dir)
-    if config is not None:
-        differ = checkpoint.config_differences(
-            tomllib.loads(results.to_toml(config)), tomllib.loads(loaded.manifest["config"])
-        )
-        if differ:
-            raise checkpoint.CheckpointError(
-                f"the config differs from the checkpoint's in {'; '.join(differ)}"
-            )
     for j, recorder in enumerate(recorders):
         recorder.restore(loaded.group(f"records{j}"), loaded.manifest["evaluations"][j],
                          loaded.manifest["wall_s"])

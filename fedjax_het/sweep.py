@@ -197,6 +197,8 @@ def sweep(
         start = time.perf_counter()
         where = None if checkpoints is None else Path(checkpoints) / f"chunk-{first:03d}"
         resumed = resume and (where / checkpoint.FILE).is_file()
+        if resumed:  # before the recorders rewrite the cells' config.toml
+            checkpoint.check_config(where, cells[first].config or {})
         recorders = [
             Recorder(start, accountings[i], out_dir=cells[i].out_dir, config=cells[i].config,
                      data=data, drop_nonfinite=nonfinite == "drop", resume=resumed,
@@ -214,7 +216,7 @@ def sweep(
         )
         state, done = setup.init(chunk_keys, cells=True, hyper=chunk_hyper), 0
         if resumed:
-            loaded = simulate.load_checkpoint(where, cells[first].config, recorders)
+            loaded = simulate.load_checkpoint(where, recorders)
             state, done = simulate.restore_state(loaded, state, setup.round.store), loaded.done
         if where is not None:
             where.mkdir(parents=True, exist_ok=True)

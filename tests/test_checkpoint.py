@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
 import pytest
 
-from fedjax_het import checkpoint, config, simulate
+from fedjax_het import checkpoint, cli, config, simulate
 from fedjax_het.interrupt import Interrupted
 from fedjax_het.results import NotWritten, OutDirError
 from fedjax_het.sweep import Cell, sweep
@@ -205,3 +208,32 @@ def test_a_resumed_sweep_equals_the_uninterrupted_sweep(tmp_path, monkeypatch):
     assert statuses == ["completed", "completed", "interrupted"]
     for a, b in zip(go(tmp_path / "cut", resume=True), whole, strict=True):
         assert_same_run(a, b)
+
+
+def test_ctrl_c_on_the_command_line_then_resume(tmp_path, capsys):
+    """The real thing: ``fedjax-het run`` in a child process gets SIGINT mid-run, says in one
+    line how to resume and exits 130; ``--resume`` finishes it, equal to a run never stopped."""
+    sets = [a for s in [*TINY, "rounds=600", "eval_every=10"]
+            for a in ("--set", s)]
+    out = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fedjax_het.cli", "run", *sets, "--out", str(out), "--no-progress"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    metrics = out / "metrics.jsonl"
+    while child.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    err = child.communicate(timeout=120)[1].strip()
+    assert child.returncode == 130, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.endswith(f"continue with: fedjax-het run --resume {out}")
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+
+    assert cli.main(["run", "--resume", str(out), "--set", "seed=1", "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().endswith("differs from the checkpoint's in seed: 0 -> 1")
+    assert "seed = 0" in (out / "config.toml").read_text()  # the refused resume changed nothing
+    assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert cli.main(["run", *sets, "--out", str(tmp_path / "whole"), "--no-progress"]) == 0
+    lines = lambda d: [without_wall(json.loads(x)) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert lines(out) == lines(tmp_path / "whole") and lines(out)[-1]["round"] == 600
