@@ -16,6 +16,10 @@ import signal
 import threading
 from collections.abc import Iterator
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -38,6 +42,16 @@ class Pending:
     """The first signal received inside :func:`deferred`, or None."""
 
     signum: int | None = None
+
+    def agreed(self) -> int | None:
+        """The signal, agreed between the processes of a multi-process run (each checks
+        between blocks; a process that stopped alone would leave the others waiting in
+        their next collective): the largest any process received, or None."""
+        if jax.process_count() == 1:
+            return self.signum
+        every = multihost_utils.process_allgather(np.int32(self.signum or 0))
+        self.signum = int(np.max(every)) or None
+        return self.signum
 
 
 @contextlib.contextmanager

@@ -550,10 +550,13 @@ def train_loop(
         ev = jax.device_get(evaluate(state))
         if done == 0:
             on_eval(0, None, ev)
-        compile_s, saved_at = None, done
+        compile_s, saved_at, stopped = None, done, None
         bar = tqdm(total=rounds, initial=done, desc="rounds", unit="round", disable=not progress,
                    leave=True)
-        while done < rounds and pending.signum is None:
+        while done < rounds:
+            stopped = pending.agreed()  # once per block, at the same point in every process
+            if stopped is not None:
+                break
             size = min(eval_every - done % eval_every, rounds - done)
             round_ids = jnp.arange(done, done + size, dtype=jnp.int32)
             rows = (slice(None),) * round_axis + (slice(done, done + size),)
@@ -570,13 +573,13 @@ def train_loop(
             if stop:
                 break
             due = checkpoint_every and done // checkpoint_every > before // checkpoint_every
-            if save is not None and (due or done == rounds or pending.signum is not None):
+            if save is not None and (due or done == rounds):
                 save(done, state)
                 saved_at = done
-        if save is not None and pending.signum is not None and saved_at != done:
+        if save is not None and stopped is not None and saved_at != done:
             save(done, state)
         bar.close()
-    return LoopEnd(state, ev, compile_s, done, pending.signum)
+    return LoopEnd(state, ev, compile_s, done, stopped)
 
 
 def run(
