@@ -150,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             args.out = args.out if args.out is not None else _default_out(experiment.config)
-            results.prepare_out_dir(args.out, overwrite=args.overwrite, resume=bool(args.resume))
+            if distributed.writes_results():
+                results.prepare_out_dir(args.out, overwrite=args.overwrite,
+                                        resume=bool(args.resume))
             if args.resume:
                 checkpoint.check_config(args.out, experiment.config)
     except config_lib.ConfigError as err:
@@ -242,7 +244,8 @@ def _sweep(args: argparse.Namespace) -> int:
         axes = [grid.parse_axis(spec) for spec in args.grid or ()]
         plan = grid.plan(args.config, args.set, axes, one_program=args.one_program)
         out = Path(args.out or _default_out(plan.cells[0].config, "sweep-"))
-        results.prepare_out_dir(out, overwrite=args.overwrite, resume=bool(args.resume))
+        if distributed.writes_results():
+            results.prepare_out_dir(out, overwrite=args.overwrite, resume=bool(args.resume))
     except config_lib.ConfigError as err:
         return _config_error(err)
     verb = "changes" if len(plan.splitting) == 1 else "change"
