@@ -100,11 +100,11 @@ def train(client_state: str, rounds: int = 4):
     key = rng.seed_key(0)
     block, evaluate = setup.programs(key)
     evaluations = []
-    state, _, _ = train_loop(
+    state = train_loop(
         setup.init(key), rounds=rounds, eval_every=2, block=block, evaluate=evaluate,
         plans=None, on_eval=lambda done, metrics, ev: evaluations.append((metrics, ev)),
         progress=False,
-    )
+    ).state
     rows = setup.round.store.read(state.client_states, np.arange(N))
     return setup, state, rows, evaluations
 
