@@ -159,11 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_error(err)
     except (OutDirError, CheckpointError) as err:
         return _error(err)
-    if args.command == "data":
-        return _describe_data(experiment, Path(args.out))
-    if args.command == "hetero":
+    if args.command == "run":
+        return _run(experiment, args)
+    try:
+        if args.command == "data":
+            return _describe_data(experiment, Path(args.out))
         return _describe_system(experiment, args)
-    return _run(experiment, args)
+    except OSError as err:
+        return _error(f"cannot write the report to {args.out}: {err.strerror or err}")
 
 
 def _stored_config(directory: str, name: str) -> str:
