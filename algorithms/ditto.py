@@ -100,8 +100,6 @@ def ditto(
     *, lam: float = 0.1, client_lr: float = 0.05, server_lr: float = 1.0
 ) -> FederatedAlgorithm:
     """Ditto with personalisation weight ``lam`` (traced as ``ditto_lambda``) over FedAvg."""
-    if not lam >= 0:
-        raise ValueError(f"lam must be >= 0, got {lam}")
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

@@ -75,7 +75,8 @@ def fedavg(
       aggregator: how client updates combine; default the weighted mean.
       extra_hyper: ``((name, default), ...)`` traced hyperparameters that
         ``local_loss``, ``aggregator`` or ``freezing`` read.
-      hyper_ranges: ``((name, Interval), ...)`` allowed values of those hyperparameters.
+      hyper_ranges: ``((name, Interval), ...)`` allowed values of those hyperparameters
+        (the optimizers bring the ranges of theirs).
       freezing: per-client freezing chosen in the round (FreezeFL), or None.
       client_init, client_start, client_finalize, personal_params: the client-side
         hooks of ``FederatedAlgorithm`` (defaults: no client state, start from the
@@ -116,7 +117,9 @@ def fedavg(
         global_params=lambda state: state.params,
         personal_params=personal_params,
         freezing=freezing,
-        hyper_ranges=hyper_ranges,
+        hyper_ranges=(
+            client_optimizer.hyper_ranges + server_optimizer.hyper_ranges + hyper_ranges
+        ),
     )
 
 

@@ -125,8 +125,6 @@ def feddyn(
         client_finalize=update_gradient,
         name="feddyn",
     )
-    for name, value in base.hyper_defaults:
-        base.check_hyper(name, value)
 
     def server_init(params: Params, hyper: Hyper, num_clients: int) -> ServerState:
         inner = base.server_init(params, hyper, num_clients)

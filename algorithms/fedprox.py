@@ -11,9 +11,9 @@ hyperparameter ``prox_mu``, so a sweep over it compiles once. FedProx's
 tolerance to partial work (the paper's gamma-inexact solutions) needs
 nothing extra here: a client that finishes fewer steps is a step mask.
 
->>> algorithm = fedprox(mu=0.1)
+>>> algorithm = fedprox(mu=0.5)
 >>> float(algorithm.hyper()["prox_mu"])
-0.1
+0.5
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ def proximal_loss(
 
 def fedprox(*, mu: float = 0.01, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlgorithm:
     """FedProx with proximal weight ``mu`` (traced as ``prox_mu``); ``mu = 0`` is FedAvg."""
-    if mu < 0:
-        raise ValueError(f"mu must be >= 0, got {mu}")
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

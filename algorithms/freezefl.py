@@ -89,8 +89,8 @@ def freezefl(
     ``epochs`` is the local work ``E`` the run gives each client (``LocalWork``):
     the probe is its first epoch, ``1 / epochs`` of the steps.
     """
-    if beta < 0 or epochs < 1:
-        raise ValueError(f"beta must be >= 0 and epochs >= 1, got {beta} and {epochs}")
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

@@ -167,8 +167,6 @@ def ifca(
     """IFCA with ``num_clusters`` models, initialised ``init_noise`` apart (traced; see the warning)."""
     if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
         raise ValueError(f"num_clusters must be an int >= 1, got {num_clusters!r}")
-    if not init_noise >= 0:
-        raise ValueError(f"init_noise must be >= 0, got {init_noise}")
     base = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

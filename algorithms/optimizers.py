@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import optax
 
+from fedjax_het.algorithm import DECAY, POSITIVE, Interval
 from fedjax_het.typing import Hyper
+
+RANGES: dict[str, Interval] = {
+    "lr": POSITIVE, "momentum": DECAY, "b1": DECAY, "b2": DECAY, "eps": POSITIVE,
+}
+"""The values each optimizer number may take: learning rates and eps > 0, decay rates in [0, 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,10 +28,12 @@ class HyperOptimizer:
     Attributes:
       build: ``hyper -> optax.GradientTransformation``.
       hyper_defaults: ``((name, default), ...)`` of the entries ``build`` reads.
+      hyper_ranges: ``((name, Interval), ...)`` their allowed values (``RANGES``).
     """
 
     build: Callable[[Hyper], optax.GradientTransformation]
     hyper_defaults: tuple[tuple[str, float], ...]
+    hyper_ranges: tuple[tuple[str, Interval], ...]
 
 
 def _make(role: str, factory: Callable[..., optax.GradientTransformation], **defaults) -> HyperOptimizer:
@@ -34,7 +42,11 @@ def _make(role: str, factory: Callable[..., optax.GradientTransformation], **def
     def build(hyper: Hyper) -> optax.GradientTransformation:
         return factory(**{field: hyper[name] for field, name in names.items()})
 
-    return HyperOptimizer(build, tuple((names[f], float(v)) for f, v in defaults.items()))
+    return HyperOptimizer(
+        build,
+        tuple((names[f], float(v)) for f, v in defaults.items()),
+        tuple((names[f], RANGES[f]) for f in defaults),
+    )
 
 
 def sgd(role: str, *, lr: float, momentum: float | None = None) -> HyperOptimizer:

@@ -153,8 +153,6 @@ def fedrep(
     server_lr: float = 1.0,
 ) -> FederatedAlgorithm:
     """FedRep: the head trains alone for a ``head_share`` of the local steps, then the body alone."""
-    if not 0.0 <= head_share <= 1.0:
-        raise ValueError(f"head_share must lie in [0, 1], got {head_share}")
     return _personal(
         "fedrep",
         personal_layers,

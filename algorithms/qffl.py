@@ -114,8 +114,6 @@ def fair_sum() -> Aggregator:
 
 def qffl(*, q: float = 1.0, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlgorithm:
     """q-FedAvg with fairness ``q`` (traced as ``qffl_q``); ``q = 0`` is uniform FedAvg."""
-    if not q >= 0:
-        raise ValueError(f"q must be >= 0, got {q}")
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

@@ -185,8 +185,6 @@ def scaffold(*, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlg
         client_finalize=option_two,
         name="scaffold",
     )
-    for name, value in base.hyper_defaults:
-        base.check_hyper(name, value)
 
     def server_init(params: Params, hyper: Hyper, num_clients: int) -> ServerState:
         inner = base.server_init(params, hyper, num_clients)

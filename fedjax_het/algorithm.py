@@ -260,6 +260,7 @@ class Interval:
 POSITIVE = Interval(0.0, closed_low=False)
 NON_NEGATIVE = Interval(0.0)
 UNIT = Interval(0.0, 1.0)
+DECAY = Interval(0.0, 1.0, closed_high=False)  # a momentum or moving-average rate: [0, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +293,9 @@ class FederatedAlgorithm:
         algorithm reports (IFCA's cluster sizes), or None.
       freezing: per-client freezing chosen in the round (FreezeFL), or None.
       hyper_ranges: ``((name, Interval), ...)`` the values each hyperparameter may
-        take, checked by ``hyper`` (and so by the config) before anything compiles.
+        take, checked (defaults included, when the algorithm is built) by
+        ``check_hyper`` before anything compiles. Every hyperparameter must be
+        finite, whether or not it has a range.
     """
 
     name: str
@@ -312,6 +315,14 @@ class FederatedAlgorithm:
     freezing: Freezing | None = None
     hyper_ranges: tuple[tuple[str, Interval], ...] = ()
 
+    def __post_init__(self):
+        names = {name for name, _ in self.hyper_defaults}
+        stray = sorted({name for name, _ in self.hyper_ranges} - names)
+        if stray:
+            raise ValueError(f"{self.name}: hyper_ranges names no hyperparameter {stray[0]!r}")
+        for name, value in self.hyper_defaults:
+            self.check_hyper(name, value)
+
     def hyper(self, overrides: Mapping[str, float] | None = None) -> Hyper:
         """The traced hyperparameters: defaults, then ``overrides``; unknown names are an error.
 
@@ -330,19 +341,17 @@ class FederatedAlgorithm:
             self.check_hyper(name, value)
         return {k: jnp.asarray(v, jnp.float32) for k, v in merged.items()}
 
-    def check_hyper(self, name: str, value) -> None:
+    def check_hyper(self, name: str, value, *, label: str | None = None) -> None:
         """Raises a one-line ValueError when ``value`` (a number or array) is impossible for ``name``.
 
-        Every hyperparameter must be finite; learning rates (``*_lr``) positive,
-        momenta (``*_momentum``) in [0, 1); the algorithm's ``hyper_ranges`` add their own.
+        Every hyperparameter must be finite (no inf, no NaN) and lie in its
+        ``hyper_ranges`` interval, if it has one. ``label`` names the value in
+        the message (default ``"<algorithm>: <name>"``; the config passes its key).
         """
+        label = label or f"{self.name}: {name}"
         values = np.asarray(value, np.float64)
-        interval = dict(self.hyper_ranges).get(name)
-        if interval is None and name.endswith("_lr"):
-            interval = POSITIVE
-        if interval is None and name.endswith("_momentum"):
-            interval = Interval(0.0, 1.0, closed_high=False)
         if not np.all(np.isfinite(values)):
-            raise ValueError(f"{self.name}: {name} must be a finite number, got {value}")
+            raise ValueError(f"{label} must be a finite number, got {value}")
+        interval = dict(self.hyper_ranges).get(name)
         if interval is not None and not interval.contains(values):
-            raise ValueError(f"{self.name}: {name} must lie in {interval}, got {value}")
+            raise ValueError(f"{label} must lie in {interval}, got {value}")

@@ -37,7 +37,8 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size,
                         # client_state: "auto", "device" or "host" (fedjax_het.client_store),
                         # devices (0 = every local device), precision: "float32" or "bfloat16",
-                        # nonfinite: "stop" or "drop" (fedjax_het.divergence)
+                        # nonfinite: "stop" or "drop" (fedjax_het.divergence),
+                        # checkpoint_every (rounds; 0 = only at the end and on Ctrl-C)
 
     [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
     devices = "flash"   # uniform, lognormal, flash; availability = always, bernoulli, strict...
@@ -57,7 +58,11 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
 Every key is checked against the signature of the function it feeds, before
 anything is built or compiled: an unknown key, a value of the wrong type or an
 impossible value raises :class:`ConfigError` naming the key and what is
-allowed.
+allowed. No number may be NaN or infinite, except where :data:`UNBOUNDED`
+says what ``inf`` means; integers fit in 32 bits; seeds are >= 0. Only the
+checks that need the data come after it is built (the model's options, checked
+by its factory, which takes the data's shapes; a cohort larger than the
+clients; a partition that cannot be drawn), still before anything compiles.
 """
 
 from __future__ import annotations
@@ -66,12 +71,15 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import math
 import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import jax
 
 from fedjax_het import distributed, models, registry
 from fedjax_het.algorithm import FederatedAlgorithm
@@ -83,7 +91,7 @@ from fedjax_het.divergence import NONFINITE
 from fedjax_het.local import PRECISIONS
 from fedjax_het.sampler import Sampler
 from fedjax_het.system import setup
-from fedjax_het.system.policy import num_selected
+from fedjax_het.system.policy import RoundPolicy, num_selected
 
 
 class ConfigError(ValueError):
@@ -104,6 +112,7 @@ DEFAULTS: dict[str, Any] = {
     "engine": {
         "chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024,
         "client_state": "auto", "devices": 0, "precision": "float32", "nonfinite": "stop",
+        "checkpoint_every": 50,
     },
     "system": {},
     "policy": {},
@@ -113,8 +122,15 @@ DEFAULTS: dict[str, Any] = {
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
 ENGINE = {
     "chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int, "client_state": str,
-    "devices": int, "precision": str, "nonfinite": str,
+    "devices": int, "precision": str, "nonfinite": str, "checkpoint_every": int,
 }
+UNBOUNDED: dict[str, str] = {
+    "partition.beta": "no skew: the Dirichlet limit of equal proportions",
+    "system.bandwidth": "transfers take no time",
+}
+"""The number options for which ``inf`` means something, and what; every other number
+option must be finite, and none may be NaN (``_check``)."""
+INT_BITS = 32  # integer options must fit JAX's default int32
 
 
 @dataclasses.dataclass
@@ -148,6 +164,7 @@ class Experiment:
             "devices": engine["devices"] or None,
             "precision": engine["precision"],
             "nonfinite": engine["nonfinite"],
+            "checkpoint_every": engine["checkpoint_every"],
             "system": self.system,
             "select": self.select,
         }
@@ -160,14 +177,7 @@ def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[
     ``partition.kind``, ``model.name`` or ``algorithm.name`` drops the default
     options of the one it replaces.
     """
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {str(path)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    raw = {} if path is None else read(path)
     for item in overrides:
         key, value = parse_override(item)
         *tables, leaf = key.split(".")
@@ -178,6 +188,38 @@ def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[
                 raise ConfigError(f"--set {item!r}: {table!r} is not a table")
         node[leaf] = value
     return merge_defaults(raw)
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """The TOML tables of the config file ``path``.
+
+    Raises:
+      ConfigError: one line naming the path: it does not exist, is a folder or
+        not a regular file, cannot be read, is not UTF-8 text, or is not valid
+        TOML (with tomllib's line and column).
+    """
+    name = f"config file {str(path)!r}"
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"{name} is a folder, not a TOML file")
+    if file.exists() and not file.is_file():
+        raise ConfigError(f"{name} is not a regular file")
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{name} does not exist") from None
+    except OSError as err:
+        raise ConfigError(f"{name} cannot be read: {err.strerror or err}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{name} is not a text file (not UTF-8 at byte {err.start}); a config is TOML text"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{name} is not valid TOML: {err}") from None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -213,7 +255,8 @@ def merge_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
     local = raw.get("local", {})
     if "steps" in local and "epochs" not in local:
         merged["local"].pop("epochs", None)  # local work is given in steps instead
-    if merged["data"].get("name") in catalog.NATURAL and "partition" not in raw:
+    name = merged["data"].get("name")
+    if isinstance(name, str) and name in catalog.NATURAL and "partition" not in raw:
         del merged["partition"]  # the clients come with the data
     return merged
 
@@ -222,6 +265,49 @@ def cluster(config: Mapping[str, Any]) -> distributed.Cluster:
     """The ``[distributed]`` table of a merged config, checked (read before ``build``:
     ``jax.distributed.initialize`` must come before JAX computes anything)."""
     return _construct("distributed", distributed.Cluster, config["distributed"])
+
+
+def schema(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every key a merged ``config`` may set, with its type (``{"rounds": int, ...}``).
+
+    The keys of a table follow what the config chooses (``data.name``,
+    ``partition.kind``, ``feature_skew.kind``, ``model.name``,
+    ``algorithm.name`` with its traced hyperparameters, ``selection.name``);
+    ``[system]`` and ``[policy]`` are listed whether or not the config has
+    them. It is how tests reach every option, so that a new one is covered
+    as soon as it exists.
+    """
+    keys: dict[str, Any] = {**SCALARS, **{f"engine.{k}": v for k, v in ENGINE.items()}}
+    chosen = {**_NAME_KEYS, "sampler": "name", "feature_skew": "kind", "selection": "name"}
+    keys.update({f"{table}.{name}": str for table, name in chosen.items() if config.get(table)})
+
+    def add(table: str, fn: Callable, skip: Sequence[str] = ()) -> None:
+        hints = typing.get_type_hints(fn)
+        keys.update({f"{table}.{k}": hints.get(k, Any) for k in configurable(fn, skip)})
+
+    add("data", _choose("data.name", config["data"].get("name"), catalog.DATASETS))
+    if config.get("partition"):
+        kind = config["partition"].get("kind")
+        add("partition", _choose("partition.kind", kind, partitioners.PARTITIONERS),
+            _PARTITION_SKIP)
+    if config.get("feature_skew"):
+        kind = config["feature_skew"].get("kind")
+        add("feature_skew", _choose("feature_skew.kind", kind, feature_skew.FEATURE_TRANSFORMS),
+            ("x", "y", "parts", "seed"))
+    add("model", _choose("model.name", config["model"].get("name"), models.ZOO),
+        ("example_shape", "num_classes"))
+    factory = _registered("algorithm", config["algorithm"].get("name"))
+    add("algorithm", factory)
+    keys.update({f"algorithm.{k}": float for k, _ in _guarded("algorithm", factory).hyper_defaults})
+    keys["sampler.clients_per_round"] = int
+    for table, cls in (("local", LocalWork), ("distributed", distributed.Cluster)):
+        keys.update({f"{table}.{k}": v for k, v in typing.get_type_hints(cls).items()})
+    add("system", setup.profiles_from_options, ("num_clients",))
+    add("policy", setup.policy_from_options)
+    if config.get("selection"):
+        add("selection", _registered("selection", config["selection"].get("name")),
+            ("num_clients", "num_slots"))
+    return keys
 
 
 def build(config: Mapping[str, Any]) -> Experiment:
@@ -259,7 +345,15 @@ def build(config: Mapping[str, Any]) -> Experiment:
         kind = partition["kind"]
         params = _resolved(partition, partitioners.PARTITIONERS[kind], _PARTITION_SKIP)
         config["partition"] = {"kind": kind, **{k: v for k, v in params.items() if k != "kind"}}
+    system_options = _system_options(config)
+    if algorithm.freezing is not None and system_options is None:
+        raise ConfigError(
+            f"algorithm {algorithm.name!r} freezes layers by device timing: it needs a [system] "
+            "(and [policy]) table"
+        )
+    selection = _selection_options(config, has_system=system_options is not None)
 
+    # Every key is checked: from here on, only what needs the data itself.
     data = _build_data(dataset, data_args, partition, skew, config["data"].get("num_clients"))
     if cohort > data.num_clients:
         raise ConfigError(
@@ -268,35 +362,39 @@ def build(config: Mapping[str, Any]) -> Experiment:
         )
     model = _guarded("model", lambda: model_factory(data.example_shape, data.num_classes, **model_args))
     sampler = _guarded("sampler", lambda: sampler_factory(data.num_clients, cohort))
-    system = _system(config, data.num_clients)
-    if algorithm.freezing is not None and system is None:
-        raise ConfigError(
-            f"algorithm {algorithm.name!r} freezes layers by device timing: it needs a [system] "
-            "(and [policy]) table"
+    system = select = None
+    if system_options is not None:
+        profile_args, policy = system_options
+        profiles = _guarded(
+            "system", lambda: setup.profiles_from_options(data.num_clients, **profile_args)
         )
-    select = _selection(config, system, data.num_clients, cohort)
+        system = setup.System(profiles, policy)
+    if selection is not None:
+        factory, args = selection
+        slots = min(int(num_selected(cohort, system.policy.over_commit)), data.num_clients)
+        select = _guarded("selection", lambda: factory(data.num_clients, slots, **args))
     return Experiment(data, model, algorithm, sampler, work, hyper, config, system, select)
 
 
-def _selection(config: dict[str, Any], system, num_clients: int, cohort: int) -> Callable | None:
-    """The optional [selection] table: a learned selection over the policy's slots."""
+def _selection_options(config: dict[str, Any], *, has_system: bool) -> tuple[Callable, dict] | None:
+    """The optional [selection] table, checked: a learned selection's factory and options."""
     table = dict(config.get("selection") or {})
     if not table:
         config.pop("selection", None)
         return None
-    if system is None:
+    if not has_system:
         raise ConfigError("selection needs a [system] (and [policy]): it selects among devices")
     name = table.pop("name", None)
     factory = _registered("selection", name)
     skip = ("num_clients", "num_slots")
     args = _arguments("selection", factory, table, skip)
     config["selection"] = {"name": name, **_resolved(args, factory, skip)}
-    slots = min(int(num_selected(cohort, system.policy.over_commit)), num_clients)
-    return _guarded("selection", lambda: factory(num_clients, slots, **args))
+    return factory, args
 
 
-def _system(config: dict[str, Any], num_clients: int) -> setup.System | None:
-    """The [system] and [policy] tables; neither given means no system heterogeneity."""
+def _system_options(config: dict[str, Any]) -> tuple[dict[str, Any], RoundPolicy] | None:
+    """The [system] and [policy] tables, checked without the data: the profile options and
+    the policy. Neither table given means no system heterogeneity (None)."""
     tables = {name: dict(config.get(name) or {}) for name in ("system", "policy")}
     if not any(tables.values()):
         for name in tables:
@@ -305,11 +403,11 @@ def _system(config: dict[str, Any], num_clients: int) -> setup.System | None:
     profile_args = setup.absolute_paths(_arguments(
         "system", setup.profiles_from_options, tables["system"], skip=("num_clients",)
     ))
+    _guarded("system", lambda: setup.check_profile_options(**profile_args))
     policy_args = _arguments("policy", setup.policy_from_options, tables["policy"])
     config["system"] = _resolved(profile_args, setup.profiles_from_options, ("num_clients",))
     config["policy"] = _resolved(policy_args, setup.policy_from_options)
-    profiles = _guarded("system", lambda: setup.profiles_from_options(num_clients, **profile_args))
-    return setup.System(profiles, _guarded("policy", lambda: setup.policy_from_options(**policy_args)))
+    return profile_args, _guarded("policy", lambda: setup.policy_from_options(**policy_args))
 
 
 def _check_run(config: dict[str, Any]) -> None:
@@ -325,9 +423,14 @@ def _check_run(config: dict[str, Any]) -> None:
             raise ConfigError(_unknown("key", f"engine.{key}", {f"engine.{k}": 0 for k in ENGINE}))
     for key, kind in ENGINE.items():
         engine[key] = _check(f"engine.{key}", engine.get(key, DEFAULTS["engine"][key]), kind)
-    for key in ("chunk", "devices"):
+    for key in ("chunk", "devices", "checkpoint_every"):
         if engine[key] < 0:
-            raise ConfigError(f"engine.{key} must be >= 0 (0: automatic), got {engine[key]}")
+            raise ConfigError(f"engine.{key} must be >= 0, got {engine[key]}")
+    if engine["devices"] > jax.device_count():  # the devices of every process (cohort.client_mesh)
+        raise ConfigError(
+            f"engine.devices must be between 0 (every device) and the {jax.device_count()} "
+            f"devices JAX sees, got {engine['devices']}"
+        )
     if engine["nonfinite"] not in NONFINITE:
         raise ConfigError(
             f"engine.nonfinite must be 'stop' or 'drop', got {engine['nonfinite']!r}"
@@ -381,9 +484,8 @@ def _check_partition(config: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     partition = dict(config.get("partition") or {})
     kind = partition.pop("kind", None)
-    if kind not in partitioners.PARTITIONERS:
-        raise ConfigError(_unknown("partition.kind", kind, partitioners.PARTITIONERS))
-    checked = _arguments("partition", partitioners.PARTITIONERS[kind], partition, _PARTITION_SKIP)
+    factory = _choose("partition.kind", kind, partitioners.PARTITIONERS)
+    checked = _arguments("partition", factory, partition, _PARTITION_SKIP)
     return {"kind": kind, **checked}
 
 
@@ -399,9 +501,7 @@ def _check_skew(config: dict[str, Any], partition: dict[str, Any] | None) -> dic
             f"{config['data']['name']!r} comes already split"
         )
     kind = table.pop("kind", None)
-    if kind not in feature_skew.FEATURE_TRANSFORMS:
-        raise ConfigError(_unknown("feature_skew.kind", kind, feature_skew.FEATURE_TRANSFORMS))
-    transform = feature_skew.FEATURE_TRANSFORMS[kind]
+    transform = _choose("feature_skew.kind", kind, feature_skew.FEATURE_TRANSFORMS)
     skip = ("x", "y", "parts", "seed")
     checked = _arguments("feature_skew", transform, table, skip)
     config["feature_skew"] = {"kind": kind, **_resolved(checked, transform, skip)}
@@ -434,24 +534,23 @@ def _algorithm(table: Mapping[str, Any]) -> tuple[FederatedAlgorithm, dict[str, 
             raise ConfigError(_unknown("key", f"algorithm.{key}",
                                        {f"algorithm.{k}": 0 for k in [*allowed, *params]}))
         hyper[key] = _check(f"algorithm.{key}", value, float)
-    for key, value in {**allowed, **hyper}.items():
-        if key.endswith("_lr") and not value > 0:
-            raise ConfigError(f"algorithm.{key} is a learning rate and must be > 0, got {value}")
-        if key.endswith("_momentum") and not 0 <= value < 1:
-            raise ConfigError(f"algorithm.{key} must lie in [0, 1), got {value}")
+        try:  # its range (the defaults were checked when the algorithm was built)
+            algorithm.check_hyper(key, hyper[key], label=f"algorithm.{key}")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     return algorithm, hyper
 
 
 def _registered(kind: str, name: Any) -> Callable:
     """The factory registered under ``name`` (``fedjax_het.registry``)."""
     known = registry.names(kind)
-    if name not in known:
+    if not isinstance(name, str) or name not in known:
         raise ConfigError(_unknown(f"{kind}.name", name, dict.fromkeys(known)))
     return registry.lookup(kind, name)
 
 
 def _choose(key: str, name: Any, choices: Mapping[str, Any]) -> Any:
-    if name not in choices:
+    if not isinstance(name, str) or name not in choices:
         raise ConfigError(_unknown(key, name, choices))
     return choices[name]
 
@@ -521,6 +620,8 @@ def _check(key: str, value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
+        # The option of the value's own kind first, so that its error is the one reported.
+        options.sort(key=lambda option: _is_sequence(option) != isinstance(value, (list, tuple)))
         errors = []
         for option in options:
             try:
@@ -531,21 +632,40 @@ def _check(key: str, value: Any, hint: Any) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the largest float
+            number = math.inf if value > 0 else -math.inf
+        if math.isfinite(number) or (number == math.inf and key in UNBOUNDED):
+            return number
+        allowed = f" or inf ({UNBOUNDED[key]})" if key in UNBOUNDED else ""
+        raise ConfigError(f"{key} must be a finite number{allowed}, got {number}")
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
+        if not -(2 ** (INT_BITS - 1)) <= value < 2 ** (INT_BITS - 1):
+            raise ConfigError(
+                f"{key} must be an integer of {INT_BITS} bits (|value| < 2**{INT_BITS - 1}), "
+                f"got {value}"
+            )
+        if key.rpartition(".")[2] == "seed" and value < 0:  # numpy refuses them, JAX wraps them
+            raise ConfigError(f"{key} must be >= 0, got {value}")
         return value
     if hint is bool and not isinstance(value, bool):
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     if hint is str and not isinstance(value, str):
         raise ConfigError(f"{key} must be a string, got {value!r}")
-    if origin in (list, tuple, Sequence, typing.Sequence) or hint in (list, tuple):
+    if _is_sequence(hint):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
         args = [a for a in typing.get_args(hint) if a is not Ellipsis]
         return [_check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else value
     return value
+
+
+def _is_sequence(hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    return origin in (list, tuple, Sequence, typing.Sequence) or hint in (list, tuple)
 
 
 def _unknown(what: str, name: Any, choices: Mapping[str, Any]) -> str:

@@ -209,7 +209,12 @@ def logistic_regression(example_shape: Sequence[int], num_classes: int) -> Model
 
 
 def mlp(example_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200)) -> Model:
-    """A ReLU MLP on flattened inputs (W1 of the throughput benchmark: 784-200-200-62)."""
+    """A ReLU MLP on flattened inputs (W1 of the throughput benchmark: 784-200-200-62).
+
+    ``hidden`` lists the widths of the hidden layers, each >= 1 (empty: a linear model).
+    """
+    if any(width < 1 for width in hidden):
+        raise ValueError(f"mlp: hidden layer sizes must be >= 1, got {list(hidden)}")
     return from_linen(_MLP(tuple(hidden), num_classes), example_shape, name="mlp")
 
 

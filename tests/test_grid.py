@@ -71,7 +71,7 @@ def test_every_cell_is_validated_and_an_error_names_the_cell_and_key():
                        r"key 'algorithm\.client_rate' \(did you mean 'algorithm\.client_lr'\?\)"):
         plan("algorithm.client_rate=0.1,0.2")
     with pytest.raises(ConfigError, match=r"grid cell 1 \(seed=0, algorithm\.client_lr=-1\): "
-                       r"algorithm\.client_lr is a learning rate and must be > 0"):
+                       r"algorithm\.client_lr must lie in \(0, inf\), got -1"):
         plan("seed=0,1", "algorithm.client_lr=0.1,-1")
     with pytest.raises(ConfigError, match="'seed' is given twice"):
         plan("seed=0,1", "seed=2")

@@ -48,8 +48,8 @@ class LocalWork:
             raise ValueError("give epochs or steps, not both")
         if self.epochs is None and self.steps is None:
             object.__setattr__(self, "epochs", 1.0)
-        if self.epochs is not None and not self.epochs > 0:
-            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        if self.epochs is not None and not 0 < self.epochs < math.inf:
+            raise ValueError(f"epochs must be > 0 and finite, got {self.epochs}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.max_steps is not None and self.max_steps < 1:

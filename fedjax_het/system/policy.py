@@ -98,14 +98,17 @@ def num_selected(cohort_size: int | jax.Array, over_commit: float | jax.Array) -
 
 
 def _check(name: str, value, ok, allowed: str) -> jax.Array:
-    """``value`` as a float array; raises ValueError naming ``name`` unless ``ok`` holds.
+    """``value`` as a float array; raises ValueError naming ``name`` unless it is finite and
+    ``ok`` holds (an infinite overhead or deadline would put the clock at infinity).
 
     Traced values (a factory called inside ``jit``) are not checked.
     """
     if not isinstance(value, jax.core.Tracer):
         concrete = np.asarray(value, np.float64)
+        shown = concrete.item() if concrete.ndim == 0 else concrete.tolist()
+        if not np.all(np.isfinite(concrete)):
+            raise ValueError(f"{name} must be a finite number, got {shown}")
         if not np.all(ok(concrete)):
-            shown = concrete.item() if concrete.ndim == 0 else concrete.tolist()
             raise ValueError(f"{name} must be {allowed}, got {shown}")
     return jnp.asarray(value, dtype=float)
 

@@ -62,15 +62,20 @@ def uniform_profiles(
 ) -> ClientProfiles:
     """Identical, always-available clients: the homogeneous baseline.
 
-    With the defaults, communication and compute take no time, so any policy
-    reduces to plain synchronous FedAvg.
+    With the defaults, communication and compute take no time (``bandwidth = inf``),
+    so any policy reduces to plain synchronous FedAvg.
     """
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    if step_time < 0 or not bandwidth > 0:
-        raise ValueError(f"need step_time >= 0 and bandwidth > 0, got {step_time}, {bandwidth}")
-    if not 0 <= dropout <= 1:
-        raise ValueError(f"dropout is a probability in [0, 1], got {dropout}")
+    if not 0 <= step_time < np.inf or not bandwidth > 0:
+        raise ValueError(
+            f"need a finite step_time >= 0 and bandwidth > 0 (inf: transfers take no time), got "
+            f"{step_time}, {bandwidth}"
+        )
+    if not 0 <= dropout < 1:
+        raise ValueError(
+            f"dropout is a probability in [0, 1) (at 1 nobody would ever train), got {dropout}"
+        )
     full = lambda v: jnp.full((num_clients,), v, jnp.float32)
     return ClientProfiles(
         step_time=full(step_time),
@@ -105,13 +110,14 @@ def validate(profiles: ClientProfiles) -> None:
         if value.shape != (n,):
             raise ValueError(f"profiles.{name} must have shape ({n},), got {value.shape}")
     for name in ("step_time", "down_std", "up_std"):
-        if np.any(np.asarray(getattr(profiles, name)) < 0):
-            raise ValueError(f"profiles.{name} must be >= 0")
+        value = np.asarray(getattr(profiles, name))
+        if np.any(~((value >= 0) & (value < np.inf))):
+            raise ValueError(f"profiles.{name} must be finite and >= 0")
     for name in ("down_mean", "up_mean"):
         if np.any(~(np.asarray(getattr(profiles, name)) > 0)):
             raise ValueError(f"profiles.{name} (bytes/s) must be > 0")
     dropout = np.asarray(profiles.dropout)
-    if np.any((dropout < 0) | (dropout > 1)):
+    if np.any(~((dropout >= 0) & (dropout <= 1))):
         raise ValueError("profiles.dropout holds probabilities, which must lie in [0, 1]")
     trace = np.asarray(profiles.trace)
     if np.any((trace < ALWAYS) | (trace >= profiles.availability.num_traces)):

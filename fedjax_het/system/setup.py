@@ -28,7 +28,9 @@ an ``ai_score`` column of a devices CSV is read with the same rule.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import inspect
+import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +90,10 @@ def profiles_from_options(
         (``client,step_time_s`` or ``client,ai_score``, one row per client).
       device_sampler: "random" or a registered device sampler (e.g. "dpgmm") choosing the
         AI-Benchmark rows at ``device_level``; only with ``devices = "flash"``.
-      network: "uniform" (``bandwidth`` bytes/s both ways, no spread), "flash" (the 19
-        measured profiles, kbit/s read as 125 bytes/s per unit) or a CSV path
-        (``client,down_bytes_per_s,up_bytes_per_s``, optional ``*_std_bytes_per_s``).
+      network: "uniform" (``bandwidth`` bytes/s both ways, no spread; ``inf``: transfers
+        take no time), "flash" (the 19 measured profiles, kbit/s read as 125 bytes/s per
+        unit) or a CSV path (``client,down_bytes_per_s,up_bytes_per_s``, optional
+        ``*_std_bytes_per_s``).
       availability: "always", "bernoulli" (ready in each of ``availability_slots`` slots of a
         cycle of ``availability_period`` seconds with probability ``availability_p``), the
         FLASH traces ("strict", "loose"; their own 48 h cycle) or a CSV path
@@ -98,23 +101,14 @@ def profiles_from_options(
         every client listed), dropping intervals shorter than ``min_interval`` seconds.
       state_sampler: "random" or a registered state sampler (e.g. "dpcsm") choosing the traces
         at ``state_level``; only with FLASH traces.
-      dropout: probability that a started client drops out in a round.
+      dropout: probability that a started client drops out in a round, below 1.
+
+    Raises:
+      ValueError: an impossible option (``check_profile_options``).
     """
-    _source("system.devices", devices, DEVICES)
-    _source("system.network", network, NETWORKS)
-    _source("system.availability", availability, AVAILABILITY)
-    if not 0 <= dropout <= 1:
-        raise ValueError(f"system.dropout is a probability in [0, 1], got {dropout}")
-    if not step_time >= 0 or not bandwidth > 0 or not step_time_sigma >= 0:
-        raise ValueError("system.step_time and step_time_sigma must be >= 0, bandwidth > 0")
-    if not availability_period > 0:
-        raise ValueError(
-            f"system.availability_period must be > 0 seconds, got {availability_period}"
-        )
-    if device_sampler != "random" and devices != "flash":
-        raise ValueError("system.device_sampler needs devices = \"flash\" (a device database)")
-    if state_sampler != "random" and availability not in ("strict", "loose"):
-        raise ValueError("system.state_sampler needs availability = \"strict\" or \"loose\" traces")
+    options = dict(locals())  # the keyword options, as passed
+    del options["num_clients"]
+    check_profile_options(**options)
     key = rng.stream(rng.seed_key(seed), "system")
     step = _step_times(key, num_clients, devices, step_time, step_time_sigma, device_sampler,
                        device_level, seed)
@@ -127,6 +121,46 @@ def profiles_from_options(
     )
     validate(profiles)
     return profiles
+
+
+_LIMITS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "seed": (lambda v: v >= 0, ">= 0"),
+    "step_time": (lambda v: 0 <= v < math.inf, "a finite number of seconds >= 0"),
+    "step_time_sigma": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+    "bandwidth": (lambda v: v > 0, "> 0 bytes/s (inf: transfers take no time)"),
+    "availability_p": (lambda v: 0 < v <= 1, "a probability in (0, 1] (at 0 nobody is ever ready)"),
+    "availability_slots": (lambda v: v >= 1, ">= 1"),
+    "availability_period": (lambda v: 0 < v < math.inf, "a finite number of seconds > 0"),
+    "min_interval": (lambda v: 0 <= v < math.inf, "a finite number of seconds >= 0"),
+    "dropout": (
+        lambda v: 0 <= v < 1, "a probability in [0, 1) (at 1 every client drops out of every round)"
+    ),
+}
+"""The values each number of ``profiles_from_options`` may take, and how to say so."""
+
+
+def check_profile_options(**options: Any) -> None:
+    """Raises a one-line ValueError naming the first impossible ``[system]`` option.
+
+    ``options`` are keyword options of :func:`profiles_from_options`; those left
+    out take its defaults. It needs no data, so the config calls it before
+    building any (and ``profiles_from_options`` calls it first).
+    """
+    defaults = {
+        name: p.default for name, p in inspect.signature(profiles_from_options).parameters.items()
+        if p.kind is p.KEYWORD_ONLY
+    }
+    o = {**defaults, **options}
+    _source("system.devices", o["devices"], DEVICES)
+    _source("system.network", o["network"], NETWORKS)
+    _source("system.availability", o["availability"], AVAILABILITY)
+    for name, (ok, allowed) in _LIMITS.items():
+        if not ok(o[name]):
+            raise ValueError(f"system.{name} must be {allowed}, got {o[name]}")
+    if o["device_sampler"] != "random" and o["devices"] != "flash":
+        raise ValueError("system.device_sampler needs devices = \"flash\" (a device database)")
+    if o["state_sampler"] != "random" and o["availability"] not in ("strict", "loose"):
+        raise ValueError("system.state_sampler needs availability = \"strict\" or \"loose\" traces")
 
 
 def policy_from_options(
@@ -220,7 +254,8 @@ def _network(key, n, network, bandwidth) -> dict[str, jax.Array]:
         return {name: jnp.asarray(values, jnp.float32) for name, values in table.items()}
     if network == "uniform":
         full = jnp.full((n,), bandwidth, jnp.float32)
-        return {"down_mean": full, "down_std": 0 * full, "up_mean": full, "up_std": 0 * full}
+        spread = jnp.zeros_like(full)  # not 0 * full: bandwidth may be inf
+        return {"down_mean": full, "down_std": spread, "up_mean": full, "up_std": spread}
     table = sources.load_network("kbit/s")
     rows = sources.draw_rows(rng.stream(key, "network"), n, table["down_mean"].shape[0])
     return {name: jnp.asarray(table[name], jnp.float32)[rows]
