@@ -34,6 +34,7 @@ import json
 import os
 import time
 import tomllib
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ FORMAT = 1
 _MANIFEST = "__manifest__"
 # Config keys that do not change what a run computes: a resume may differ in them.
 FREE_KEYS = ("distributed.", "engine.checkpoint_every")
+
+
+# What reading a damaged or foreign file raises (a cut-short zip, a missing member, bad JSON).
+UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
 class CheckpointError(ValueError):
@@ -165,10 +170,10 @@ def load(out_dir: str | Path) -> Loaded:
     if not path.is_file():
         raise CheckpointError(f"{out_dir} has no {FILE} to resume from")
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         manifest = json.loads(str(arrays.pop(_MANIFEST)))
-    except (OSError, ValueError, KeyError) as err:
+    except UNREADABLE as err:
         raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from None
     if manifest.get("format") != FORMAT:
         raise CheckpointError(
@@ -186,9 +191,9 @@ def check_config(out_dir: str | Path, config: Mapping[str, Any]) -> None:
     if not path.is_file():
         raise CheckpointError(f"{out_dir} has no {FILE} to resume from")
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
             stored = json.loads(str(npz[_MANIFEST]))["config"]
-    except (OSError, ValueError, KeyError) as err:
+    except UNREADABLE as err:
         raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from None
     differ = config_differences(
         tomllib.loads(results.to_toml(config)), tomllib.loads(stored)

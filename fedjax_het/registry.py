@@ -12,8 +12,9 @@ can add their own the same way.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 GROUPS = {
     "algorithm": "fedjax_het.algorithms",
@@ -30,18 +31,24 @@ def register(kind: str, name: str, factory: Callable) -> None:
     _registered[kind][name] = factory
 
 
+@functools.cache
+def _installed(group: str) -> dict[str, EntryPoint]:
+    """The entry points of ``group``, by name: read once per process (a scan of every
+    installed package's metadata, most of a config check's time otherwise)."""
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
 def names(kind: str) -> list[str]:
     """Every registered name of ``kind``."""
-    found = {ep.name for ep in entry_points(group=GROUPS[kind])}
-    return sorted(found | set(_registered[kind]))
+    return sorted(set(_installed(GROUPS[kind])) | set(_registered[kind]))
 
 
 def lookup(kind: str, name: str) -> Callable:
     """The factory registered as ``name``; a clear error naming the choices otherwise."""
     if name in _registered[kind]:
         return _registered[kind][name]
-    for ep in entry_points(group=GROUPS[kind], name=name):
-        return ep.load()
+    if name in _installed(GROUPS[kind]):
+        return _installed(GROUPS[kind])[name].load()
     known = names(kind)
     hint = difflib.get_close_matches(name, known, n=1)
     suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""

@@ -66,6 +66,13 @@ def test_availability_heatmap_matches_the_intervals(tmp_path):
         assert row.mean() == pytest.approx(1.0 if trace == -1 else fraction[trace])
 
 
+def test_availability_heatmap_of_no_traces_is_all_ready(tmp_path):
+    """``availability = "always"`` (the default) has an empty trace store; every client is ready."""
+    av = Availability.from_intervals([], [])
+    ready = plot_availability(av, np.full(4, -1), tmp_path / "a.png", hours=2, resolution_s=600)
+    assert ready.shape == (4, 12) and ready.all()
+
+
 def test_availability_rejects_bad_arguments(tmp_path):
     av = Availability.from_intervals(day_traces(1, 2), DAY)
     with pytest.raises(ValueError, match="trace_ids"):

@@ -166,6 +166,9 @@ def _locate(av: Availability, trace: jax.Array, t: jax.Array):
 
 def is_ready(av: Availability, trace: jax.Array, t: jax.Array) -> jax.Array:
     """Whether the device on ``trace`` is ready at time ``t``."""
+    if av.period.shape[0] == 0:  # no traces at all: every device is ALWAYS ready
+        shape = jnp.broadcast_shapes(jnp.shape(trace), jnp.shape(t))
+        return jnp.broadcast_to(jnp.asarray(trace) == ALWAYS, shape)
     k, _, position, j = _locate(av, trace, t)
     row = av.offset[k] + jnp.maximum(j, 0)
     ready = (j >= 0) & (position < av.end[row])
