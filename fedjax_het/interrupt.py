@@ -5,8 +5,9 @@ remembered, and the training loop stops at the end of the block of rounds it
 is computing (a jitted ``lax.scan`` cannot be cut short), writes its checkpoint
 and results, and raises :class:`Interrupted`. A second signal while it does so
 stops the process at once (``KeyboardInterrupt``), as a user pressing Ctrl-C
-twice expects. Outside the main thread signals cannot be caught, and nothing
-is changed.
+twice expects. A signal the process ignores (``nohup``; SIGINT in a shell's
+background job) stays ignored. Outside the main thread signals cannot be
+caught, and nothing is changed.
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def deferred() -> Iterator[Pending]:
             raise KeyboardInterrupt
         pending.signum = signum
 
-    previous = {s: signal.signal(s, remember) for s in SIGNALS}
+    # A signal the process was told to ignore (``nohup``, a background job's SIGINT) stays ignored.
+    previous = {
+        s: signal.signal(s, remember) for s in SIGNALS if signal.getsignal(s) != signal.SIG_IGN
+    }
     try:
         yield pending
     finally:

@@ -34,6 +34,21 @@ DEADLINE = ['system.devices="lognormal"', "system.dropout=0.2", 'policy.kind="de
 WALL = ("wall_s", "first_block_s_with_compile", "to_accuracy", "checkpoint", "chunk_plan")
 
 
+@pytest.fixture(autouse=True)
+def interactive():
+    """SIGINT handled as in a terminal, even where the tests run as a background job (whose
+    SIGINT is ignored, and an ignored signal stays ignored, ``interrupt.deferred``)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+# ``fedjax-het`` in a child process with SIGINT handled as in a terminal (a child inherits an
+# ignored SIGINT; ``preexec_fn`` would fork a multithreaded JAX process).
+FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                   "sys.argv[0] = 'fedjax-het'; runpy.run_module('fedjax_het.cli', run_name='__main__')")
+
+
 def experiment(*extra: str) -> config.Experiment:
     return config.build(config.load(None, [*TINY, *extra]))
 
@@ -107,6 +122,7 @@ def test_an_interrupted_run_writes_its_results_marked_interrupted(tmp_path):
     for name in ("arrays.npz", "curves.png", "metrics.jsonl", checkpoint.FILE):
         assert (tmp_path / "run" / name).exists(), name
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 def test_periodic_checkpoints_and_a_resume_from_one_after_a_hard_kill(tmp_path):
@@ -217,7 +233,7 @@ def test_ctrl_c_on_the_command_line_then_resume(tmp_path, capsys):
             for a in ("--set", s)]
     out = tmp_path / "run"
     child = subprocess.Popen(
-        [sys.executable, "-m", "fedjax_het.cli", "run", *sets, "--out", str(out), "--no-progress"],
+        [sys.executable, "-c", FROM_A_TERMINAL, "run", *sets, "--out", str(out), "--no-progress"],
         stderr=subprocess.PIPE, text=True,
     )
     metrics = out / "metrics.jsonl"
@@ -237,3 +253,11 @@ def test_ctrl_c_on_the_command_line_then_resume(tmp_path, capsys):
     assert cli.main(["run", *sets, "--out", str(tmp_path / "whole"), "--no-progress"]) == 0
     lines = lambda d: [without_wall(json.loads(x)) for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert lines(out) == lines(tmp_path / "whole") and lines(out)[-1]["round"] == 600
+
+
+def test_an_ignored_signal_stays_ignored(tmp_path):
+    """``nohup fedjax-het run ...``: SIGINT is ignored before the run, so it is during it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    history = run(experiment(), tmp_path / "run", stop_at=2)
+    assert history.summary["status"] == "completed" and history.summary["rounds"] == 8
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
