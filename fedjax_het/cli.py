@@ -27,8 +27,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedjax_het import config as config_lib
 from fedjax_het import checkpoint, distributed, results
+from fedjax_het import config as config_lib
 from fedjax_het.checkpoint import CheckpointError
 from fedjax_het.divergence import Diverged
 from fedjax_het.interrupt import Interrupted

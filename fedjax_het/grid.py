@@ -44,8 +44,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedjax_het import config as config_lib
 from fedjax_het import checkpoint, distributed, results, simulate
+from fedjax_het import config as config_lib
 from fedjax_het.config import ConfigError, Experiment
 from fedjax_het.sweep import Cell, stack_key, sweep
 from fedjax_het.system.setup import System

@@ -21,7 +21,16 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_het import checkpoint, client_store, distributed, interrupt, memory, online, results, rng
+from fedjax_het import (
+    checkpoint,
+    client_store,
+    distributed,
+    interrupt,
+    memory,
+    online,
+    results,
+    rng,
+)
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.cohort import client_mesh
 from fedjax_het.data import diagnostics
@@ -727,7 +736,7 @@ def run(
             state = restore_state(resumed, state, setup.round.store)
         end = loop(
             state, block=block, evaluate=evaluate_, plans=plans, on_eval=recorder.record,
-            save=checkpointer(out_dir, config, [recorder], setup.round.store, lambda: {}),
+            save=checkpointer(out_dir, config, [recorder], setup.round.store, dict),
             done=0 if resumed is None else resumed.done,
         )
     return _finish(recorder, end, setup, plans, targets)
