@@ -63,9 +63,10 @@ class CheckpointError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Saved:
-    """Where a checkpoint went, how big it is and how long it took."""
+    """Where a checkpoint went, after how many rounds, how big it is and how long it took."""
 
     path: Path
+    done: int
     bytes: int
     seconds: float
 
@@ -80,8 +81,7 @@ class Loaded:
 
     def tree(self, prefix: str, like: PyTree) -> PyTree:
         """The pytree stored under ``prefix``, shaped and placed like ``like``."""
-        return restore(like, {k[len(prefix) + 1:]: v for k, v in self.arrays.items()
-                              if k.startswith(prefix + "/")}, prefix)
+        return restore(like, self.group(prefix), prefix)
 
     def group(self, prefix: str) -> dict[str, np.ndarray]:
         """The plain arrays stored under ``prefix``, by their name inside it."""
@@ -161,7 +161,7 @@ def save(
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
-    return Saved(path, path.stat().st_size, time.perf_counter() - start)
+    return Saved(path, done, path.stat().st_size, time.perf_counter() - start)
 
 
 def load(out_dir: str | Path) -> Loaded:

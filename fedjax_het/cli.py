@@ -234,9 +234,7 @@ def _sweep(args: argparse.Namespace) -> int:
         print("fedjax-het: --cells-at-once must be >= 1", file=sys.stderr)
         return 2
     if not args.grid and not args.resume:
-        print("fedjax-het: sweep needs at least one --grid axis (or --resume SWEEP_DIR)",
-              file=sys.stderr)
-        return 2
+        return _error("sweep needs at least one --grid axis (or --resume SWEEP_DIR)")
     if args.resume:  # the command the sweep was started with, recorded in its directory
         stored = json.loads(Path(_stored_config(args.resume, grid.COMMAND)).read_text())
         args.config, args.set, args.grid = stored["config"], stored["set"], stored["grid"]

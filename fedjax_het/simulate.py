@@ -400,8 +400,7 @@ class Recorder:
         self.drop_nonfinite = drop_nonfinite
         self.divergence: Divergence | None = None
         self.interrupted: int | None = None
-        self.checkpoint: checkpoint.Saved | None = None
-        self.checkpoint_round: int | None = None
+        self.checkpoint: checkpoint.Saved | None = None  # the last one written
         self.wall_before = 0.0  # wall seconds of the run before it was resumed
         self.evaluations: list[dict[str, Any]] = []
         self.per_round: list[dict[str, np.ndarray]] = []
@@ -505,7 +504,7 @@ class Recorder:
             **({"diverged": dataclasses.asdict(self.divergence)} if self.divergence else {}),
             **({"interrupted": {"signal": signal.Signals(self.interrupted).name,
                                 "round": final["round"]}} if self.interrupted else {}),
-            **({"checkpoint": {"round": self.checkpoint_round, "bytes": self.checkpoint.bytes,
+            **({"checkpoint": {"round": self.checkpoint.done, "bytes": self.checkpoint.bytes,
                                "seconds": round(self.checkpoint.seconds, 4)}}
                if self.checkpoint else {}),
             **(self.accounting.totals() if self.accounting else {}),
@@ -792,7 +791,7 @@ def checkpointer(
                     recorder.writer.missing[checkpoint.FILE] = f"round {done}: {err.strerror}"
             return
         for recorder in recorders:
-            recorder.checkpoint, recorder.checkpoint_round = saved, done
+            recorder.checkpoint = saved
 
     return save
 
