@@ -2,8 +2,12 @@
 
 The only place that adds the client axis. Clients run in chunks: a
 ``lax.scan`` over chunks of ``chunk`` clients, each chunk a ``vmap``, with the
-running sums of the aggregator as the scan carry. Memory is ``chunk x params``
-and results do not depend on the chunk size beyond float summation order.
+running sums of the aggregator as the scan carry, added slot by slot in cohort
+order. Memory is ``chunk x params``, and the sums are the same bits for every
+chunk size: vmapped chunks of any size give bitwise the same run; chunk 1 runs
+each client without ``vmap``, which XLA compiles to other kernels, so it
+matches them to float rounding of the client's own arithmetic
+(``tests/test_engine_invariance.py``).
 
 With a ``mesh`` the cohort is first split over devices (``shard_map``): each
 device runs its share of the slots in chunks and the devices' sums are added
@@ -152,30 +156,39 @@ def _run_chunks(
             update, state, stats = jax.vmap(client_fn)(states, chunk_tasks)
         return update, state, stats.replace(finite=jax.vmap(_all_finite)(update))
 
-    def chunk_sums(updates, weights, stats):
+    def contributions(updates, weights, stats):
         if drop_nonfinite:
             weights = jnp.where(stats.finite, weights, 0)
             updates = jax.tree.map(
                 lambda u: jnp.where(_per_slot(stats.finite, u), u, 0), updates
             )
-        contributions = jax.vmap(aggregator.contribute)(updates, weights, stats)
-        return jax.tree.map(lambda c: jnp.sum(c, axis=0), contributions)
+        return jax.vmap(aggregator.contribute)(updates, weights, stats)
+
+    def chunk_contributions(states, chunk_tasks):
+        updates, new_states, stats = run_chunk(states, chunk_tasks)
+        return contributions(updates, chunk_tasks.weight, stats), (new_states, stats)
 
     def body(sums, inputs):
-        updates, new_states, stats = run_chunk(*inputs)
-        sums = jax.tree.map(jnp.add, sums, chunk_sums(updates, inputs[1].weight, stats))
-        return sums, (new_states, stats)
+        chunk_sums, outputs = chunk_contributions(*inputs)
+        return _add_in_slot_order(sums, chunk_sums), outputs
 
     first = jax.tree.map(lambda x: x[0], (chunked_states, chunked_tasks))
-    sums_shape = jax.eval_shape(
-        lambda states, tasks: chunk_sums(run_chunk(states, tasks)[0], tasks.weight,
-                                         run_chunk(states, tasks)[2]),
-        *first,
-    )
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
+    per_slot = jax.eval_shape(chunk_contributions, *first)[0]
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape[1:], s.dtype), per_slot)
     sums, (new_states, stats) = jax.lax.scan(body, zeros, (chunked_states, chunked_tasks))
     unchunk = lambda x: x.reshape(padded, *x.shape[2:])[:m]
     return sums, jax.tree.map(unchunk, new_states), jax.tree.map(unchunk, stats)
+
+
+def _add_in_slot_order(sums: PyTree, contributions: PyTree) -> PyTree:
+    """``sums`` plus each slot's contribution ``[chunk, ...]``, one slot after another.
+
+    Float addition is not associative, so a per-chunk ``jnp.sum`` followed by
+    adding chunk totals gives bits that depend on the chunk size. Adding slot
+    by slot gives ``(((0 + c_0) + c_1) + ...)`` whatever the chunking.
+    """
+    add = lambda total, contribution: (jax.tree.map(jnp.add, total, contribution), None)
+    return jax.lax.scan(add, sums, contributions)[0]
 
 
 def _all_finite(tree: PyTree) -> jax.Array:
