@@ -52,6 +52,7 @@ from fedjax_het.algorithm import (
     ClientStats,
     FederatedAlgorithm,
     LocalContext,
+    float_dtype,
     mean_loss,
 )
 from fedjax_het.algorithms import optimizers
@@ -84,7 +85,7 @@ def measure_loss(
 def fair_update(params: Params, ctx: LocalContext, hyper: Hyper) -> tuple[FairUpdate, ClientState]:
     """``(Δ_k, h_k)`` of Algorithm 3 from the trained params; the state keeps ``F_k(w_t)``."""
     loss, q = ctx.client_state, hyper["qffl_q"]
-    lipschitz = 1.0 / hyper["client_lr"]
+    lipschitz = 1 / hyper["client_lr"].astype(float_dtype(params))
     moved = jax.tree.map(lambda s, p: lipschitz * (s - p), ctx.start, params)
     norm = sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(moved))
     scale = jnp.power(loss, q)  # F^q, with 0^0 = 1
@@ -120,7 +121,7 @@ def qffl(*, q: float = 1.0, client_lr: float = 0.05, server_lr: float = 1.0) -> 
         aggregator=fair_sum(),
         extra_hyper=(("qffl_q", float(q)),),
         hyper_ranges=(("qffl_q", NON_NEGATIVE),),
-        client_init=lambda params: jnp.zeros((), jnp.float32),
+        client_init=lambda params: jnp.zeros((), float_dtype(params)),
         client_start=measure_loss,
         client_finalize=fair_update,
         name="qffl",

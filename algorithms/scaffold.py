@@ -148,9 +148,10 @@ def option_two(params: Params, ctx: LocalContext, hyper: Hyper) -> tuple[ClientU
     """``c_i+ = c_i - c + (x - y) / (K η_l)`` (``c_i`` kept when ``K = 0``); sends ``(x - y, Δc_i)``."""
     delta = jax.tree.map(lambda x, y: x - y, ctx.start, params)
     took_steps = ctx.num_steps > 0
-    inverse = 1.0 / (jnp.maximum(ctx.num_steps, 1).astype(jnp.float32) * hyper["client_lr"])
+    steps = jnp.maximum(ctx.num_steps, 1)
+    inverse = lambda d: 1 / (steps.astype(d.dtype) * hyper["client_lr"].astype(d.dtype))
     control = jax.tree.map(
-        lambda ci, c, d: jnp.where(took_steps, ci - c + d * inverse.astype(d.dtype), ci),
+        lambda ci, c, d: jnp.where(took_steps, ci - c + d * inverse(d), ci),
         ctx.client_state,
         ctx.broadcast.control,
         delta,

@@ -168,6 +168,12 @@ class Batches:
     mask: jax.Array
 
 
+def float_dtype(tree: PyTree) -> jnp.dtype:
+    """The dtype a pytree's floats promote to (float32 for a tree without floats): float64 in x64 runs."""
+    floats = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.result_type(*floats) if floats else jnp.dtype(jnp.float32)
+
+
 def model_loss(
     model: Model, params: Params, batch: Batch, ctx: LocalContext, hyper: Hyper, key: PRNGKey
 ) -> jax.Array:
@@ -183,15 +189,16 @@ def mean_loss(model: Model, params: Params, batches: Batches) -> jax.Array:
     What a client measures before training: IFCA's cluster choice, q-FFL's ``F_k(w_t)``.
     """
 
+    def losses(x, y):
+        return model.per_example_loss(model.apply(params, x, train=False, key=None), y)
+
     def one_step(total, batch):
         x, y, mask = batch
-        losses = model.per_example_loss(model.apply(params, x, train=False, key=None), y)
-        return total + jnp.sum(jnp.where(mask, losses, 0.0)), None
+        return total + jnp.sum(jnp.where(mask, losses(x, y), 0)), None
 
-    total, _ = jax.lax.scan(
-        one_step, jnp.zeros((), jnp.float32), (batches.x, batches.y, batches.mask)
-    )
-    return total / jnp.maximum(jnp.sum(batches.mask), 1).astype(jnp.float32)
+    dtype = jax.eval_shape(losses, batches.x[0], batches.y[0]).dtype  # float64 in x64 runs
+    total, _ = jax.lax.scan(one_step, jnp.zeros((), dtype), (batches.x, batches.y, batches.mask))
+    return total / jnp.maximum(jnp.sum(batches.mask), 1).astype(dtype)
 
 
 def start_from_broadcast(
@@ -323,11 +330,15 @@ class FederatedAlgorithm:
         for name, value in self.hyper_defaults:
             self.check_hyper(name, value)
 
-    def hyper(self, overrides: Mapping[str, float] | None = None) -> Hyper:
+    def hyper(
+        self, overrides: Mapping[str, float] | None = None, *,
+        dtype: jax.typing.DTypeLike = jnp.float32,
+    ) -> Hyper:
         """The traced hyperparameters: defaults, then ``overrides``; unknown names are an error.
 
         Values may be Python numbers or arrays (an array with a leading axis
-        is how ``jax.vmap`` sweeps one compiled program over settings).
+        is how ``jax.vmap`` sweeps one compiled program over settings), held
+        as ``dtype`` (float64 in a float64 run).
         """
         defaults = dict(self.hyper_defaults)
         unknown = sorted(set(overrides or {}) - set(defaults))
@@ -339,7 +350,7 @@ class FederatedAlgorithm:
         merged = {**defaults, **(overrides or {})}
         for name, value in merged.items():
             self.check_hyper(name, value)
-        return {k: jnp.asarray(v, jnp.float32) for k, v in merged.items()}
+        return {k: jnp.asarray(v, dtype) for k, v in merged.items()}
 
     def check_hyper(self, name: str, value, *, label: str | None = None) -> None:
         """Raises a one-line ValueError when ``value`` (a number or array) is impossible for ``name``.

@@ -36,7 +36,8 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
 
     [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size,
                         # client_state: "auto", "device" or "host" (fedjax_het.client_store),
-                        # devices (0 = every local device), precision: "float32" or "bfloat16",
+                        # devices (0 = every local device), precision: "float32", "bfloat16"
+                        # (local training) or "float64" (the whole run, for reference work),
                         # nonfinite: "stop" or "drop" (fedjax_het.divergence),
                         # checkpoint_every (rounds; 0 = only at the end and on Ctrl-C)
 
@@ -315,10 +316,13 @@ def build(config: Mapping[str, Any]) -> Experiment:
 
     The returned experiment's ``config`` is the resolved config: every option
     with the value the run uses, so writing it out gives a config that
-    reproduces the run.
+    reproduces the run. A config with ``engine.precision = "float64"`` turns on
+    ``jax_enable_x64`` for the process (the float64 run needs it).
     """
     config = copy.deepcopy(dict(config))
     _check_run(config)
+    if config["engine"]["precision"] == "float64":
+        jax.config.update("jax_enable_x64", True)
     config["distributed"] = {
         k: v for k, v in dataclasses.asdict(cluster(config)).items() if v is not None
     }

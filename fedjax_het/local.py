@@ -25,7 +25,7 @@ from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, PRNGKey, PyTree, Update
 
 NO_STEP_LIMIT = 2**30
-PRECISIONS = ("float32", "bfloat16")  # of local training (compute_model)
+PRECISIONS = ("float32", "bfloat16", "float64")  # of the run (run_model) and local training
 
 
 @struct.dataclass
@@ -72,19 +72,54 @@ class LocalSpec:
     max_steps: int
     max_count: int
     unroll: int = 1
-    precision: str = "float32"  # or "bfloat16": the model's passes in bfloat16 (compute_model)
+    precision: str = "float32"  # "bfloat16": the model's passes in bfloat16 (compute_model);
+    # "float64": the whole run (run_model), needs jax_enable_x64
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}"
-            )
+        check_precision(self.precision)
 
 
 def cast_floats(tree: PyTree, dtype: jax.typing.DTypeLike) -> PyTree:
     """``tree`` with every float leaf cast to ``dtype`` (token ids, masks and keys untouched)."""
     cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
     return jax.tree.map(cast, tree)
+
+
+def check_precision(precision: str) -> None:
+    """Raises a one-line ValueError for an unknown precision, or float64 without 64-bit JAX."""
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}"
+        )
+    if precision == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(
+            "precision 'float64' needs 64-bit JAX: set JAX_ENABLE_X64=1, or call "
+            "jax.config.update('jax_enable_x64', True) before building the run"
+        )
+
+
+def hyper_dtype(precision: str) -> jnp.dtype:
+    """The dtype of the traced hyperparameters: float64 in a float64 run, else float32."""
+    return jnp.dtype(jnp.float64 if precision == "float64" else jnp.float32)
+
+
+def run_model(model: Model, precision: str) -> Model:
+    """The model a run trains, aggregates and evaluates: ``model`` itself, or in float64 a
+    model whose ``init`` gives float64 params and whose ``apply`` casts float inputs to float64.
+
+    A float64 run is for reference work: the params, local steps, the
+    algorithm's terms, optimizer states, aggregation and evaluation all run in
+    float64 (the data store keeps float32 features, which float64 holds exactly).
+    """
+    check_precision(precision)
+    if precision != "float64":
+        return model
+
+    def apply(params: PyTree, x: jax.Array, *, train: bool, key: PRNGKey | None) -> jax.Array:
+        return model.apply(params, cast_floats(x, jnp.float64), train=train, key=key)
+
+    init = lambda key: cast_floats(model.init(key), jnp.float64)
+    return dataclasses.replace(model, init=init, apply=apply, name=f"{model.name}@float64")
 
 
 def compute_model(model: Model, precision: str) -> Model:
@@ -103,8 +138,8 @@ def compute_model(model: Model, precision: str) -> Model:
     (FedProx at ``mu = 5``: 7.5e-2 relative error of a round's update when the
     whole local loss runs in bfloat16, 4e-3 with the model alone).
     """
-    if precision == "float32":
-        return model
+    if precision != "bfloat16":
+        return model  # float32, or float64 (``run_model`` made it so)
 
     def apply(params: PyTree, x: jax.Array, *, train: bool, key: PRNGKey | None) -> jax.Array:
         params, x = cast_floats((params, x), jnp.bfloat16)
@@ -183,14 +218,16 @@ def local_update(
             scale = jax.tree.map(lambda a, m: a * m, scale, train_mask)
         params = jax.tree.map(lambda p, u, a: p + jnp.where(a > 0, a * u, 0), params, updates, scale)
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
-        processed = jnp.where(s < num_steps, jnp.sum(mask), 0)
+        processed = jnp.where(s < num_steps, jnp.sum(mask, dtype=jnp.int32), 0)
         return (params, opt_state, loss_sum + jnp.where(s < num_steps, loss * processed, 0.0)), processed
 
     def step(carry, inputs):
         skip = lambda carry, inputs: (carry, jnp.zeros((), jnp.int32))
         return jax.lax.cond(inputs[0] < num_steps, masked_step, skip, carry, inputs)
 
-    init = (start, optimizer.init(start), jnp.zeros((), jnp.float32))
+    first = (xs[0], ys[0], example_mask[0])
+    loss_dtype = jax.eval_shape(loss_fn, start, first, 0, train_key).dtype  # float64 in x64 runs
+    init = (start, optimizer.init(start), jnp.zeros((), loss_dtype))
     (params, _, loss_sum), processed = jax.lax.scan(
         step, init, (steps, xs, ys, example_mask), unroll=spec.unroll
     )

@@ -87,11 +87,23 @@ class OnlineState:
 
 
 def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
-    """Bytes of ``params`` sent up: every leaf, or per depth ``[D]`` the leaves ``masks`` train."""
+    """Bytes of ``params`` sent up: every leaf, or per depth ``[D]`` the leaves ``masks`` train.
+
+    Floats go over the simulated network as float32 at most: a float64 run
+    (``local.run_model``) models the same deployment, and so the same schedule,
+    as the float32 run, with less rounding in its arithmetic.
+    """
     if masks is None:
-        return jnp.float32(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params)))
-    sizes = jax.tree.map(lambda p, m: m * (p.size * p.dtype.itemsize), params, masks)
+        return jnp.float32(sum(_wire_bytes(leaf) for leaf in jax.tree.leaves(params)))
+    sizes = jax.tree.map(lambda p, m: m * _wire_bytes(p), params, masks)
     return sum(jax.tree.leaves(sizes))
+
+
+def _wire_bytes(leaf: jax.Array) -> int:
+    itemsize = leaf.dtype.itemsize
+    if jnp.issubdtype(leaf.dtype, jnp.floating):
+        itemsize = min(itemsize, 4)
+    return leaf.size * itemsize
 
 
 @struct.dataclass

@@ -37,7 +37,7 @@ from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.divergence import NONFINITE, Diverged, Divergence, first_divergence
-from fedjax_het.local import DeviceSplit, LocalSpec
+from fedjax_het.local import DeviceSplit, LocalSpec, hyper_dtype, run_model
 from fedjax_het.metrics import (
     ScheduleAccounting,
     client_accuracy_summary,
@@ -238,6 +238,7 @@ class Setup:
             raise ValueError("run needs a test split to evaluate; build the data with one")
         if nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be 'stop' or 'drop', got {nonfinite!r}")
+        model = run_model(model, precision)
         mesh = client_mesh(devices)
         num_devices = 1 if mesh is None else mesh.size
         state_plan = client_store.plan_client_state(
@@ -246,7 +247,8 @@ class Setup:
             devices=num_devices,
         )
         spec = local_spec(model, algorithm, data, work, unroll=unroll, precision=precision)
-        hyper_, train, test = algorithm.hyper(hyper), device_split(data.train), device_split(data.test)
+        hyper_ = algorithm.hyper(hyper, dtype=hyper_dtype(precision))
+        train, test = device_split(data.train), device_split(data.test)
         on_device = state_plan.device_bytes // num_devices if state_plan.placement == "device" else 0
         chunk_plan = memory.plan_chunk(
             spec, hyper_, train, num_clients=data.num_clients,
@@ -662,8 +664,11 @@ def run(
         them; after ``jax.distributed.initialize``, every host's). Results match one
         device up to float summation order; ``DeviceStore`` client states are sharded
         by client too.
-      precision: "float32", or "bfloat16" for local training in bfloat16 with float32
-        master params and aggregation (``local.LocalSpec``).
+      precision: "float32"; "bfloat16" for local training in bfloat16 with float32
+        master params and aggregation (``local.compute_model``); "float64" for the whole
+        run in float64: params, hyperparameters, training, aggregation and evaluation
+        (``local.run_model``; needs ``jax_enable_x64``), on the float32 run's schedule
+        (the simulated network still carries float32 updates).
       nonfinite: "stop": a round whose training loss, or a client's update, is not
         finite (or a global model whose test loss is not) ends the run after its
         block: the results so far are written, ``summary["status"]`` is "diverged"

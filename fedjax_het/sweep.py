@@ -51,6 +51,7 @@ from fedjax_het.cohort import client_mesh
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.interrupt import Interrupted
+from fedjax_het.local import hyper_dtype, run_model
 from fedjax_het.metrics import schedule_accounting
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
@@ -162,9 +163,11 @@ def sweep(
     for name, value in (("cells_at_once", cells_at_once), ("cell_batch", cell_batch)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    hypers = _stack([_cell_hyper(algorithm, hyper, cell, i) for i, cell in enumerate(cells)])
+    hypers = _stack([
+        _cell_hyper(algorithm, hyper, cell, i, hyper_dtype(precision)) for i, cell in enumerate(cells)
+    ])
     at_once = cells_at_once or _cells_that_fit(
-        algorithm, model, data, len(cells), rounds=rounds, cohort=sampler.cohort_size,
+        algorithm, run_model(model, precision), data, len(cells), rounds=rounds, cohort=sampler.cohort_size,
         devices=devices,
     )
     at_once = min(at_once, len(cells))
@@ -289,10 +292,11 @@ def _cells(
 
 
 def _cell_hyper(
-    algorithm: FederatedAlgorithm, shared: Mapping[str, float] | None, cell: Cell, i: int
+    algorithm: FederatedAlgorithm, shared: Mapping[str, float] | None, cell: Cell, i: int,
+    dtype: jnp.dtype,
 ) -> Hyper:
     try:
-        return algorithm.hyper({**(shared or {}), **cell.hyper})
+        return algorithm.hyper({**(shared or {}), **cell.hyper}, dtype=dtype)
     except ValueError as error:
         raise ValueError(f"cell {i}: {error}") from None
 

@@ -67,16 +67,20 @@ def make_store(seed: int = 0) -> ClientArrays:
 
 
 @functools.cache
-def make_round(algorithm, chunk=2) -> Round:
+def make_round(algorithm, chunk=2, precision="float32") -> Round:
+    """The engine's round over clients of ``SIZES`` (``precision="float64"``: under x64)."""
     ids = jnp.arange(3, dtype=jnp.int32)  # unused: the tests pass their own tasks
     sampler = Sampler(select=lambda key, r: ids, num_clients=N, cohort_size=3)
-    spec = local.LocalSpec(LOGREG, algorithm, WORK, WORK.static_steps(max(SIZES)), max(SIZES))
-    return Round(LOGREG, algorithm, sampler, spec, chunk=chunk)
+    model = local.run_model(LOGREG, precision)
+    spec = local.LocalSpec(
+        model, algorithm, WORK, WORK.static_steps(max(SIZES)), max(SIZES), precision=precision
+    )
+    return Round(model, algorithm, sampler, spec, chunk=chunk)
 
 
-@functools.partial(fast_jit, static_argnums=0)
-def start(algorithm, hyper, key):
-    return init_state(LOGREG, algorithm, N, hyper, key)
+@functools.partial(fast_jit, static_argnums=(0, 1))
+def start(algorithm, model, hyper, key):
+    return init_state(model, algorithm, N, hyper, key)
 
 
 @functools.partial(fast_jit, static_argnums=0)
@@ -159,7 +163,10 @@ def tree_close(got, want, rtol=RTOL, atol=ATOL):
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=rtol, atol=atol), got, want)
 
 
-def run_rounds(algorithm, hyper, key, client, server_step, server_extras):
+def run_rounds(
+    algorithm, hyper, key, client, server_step, server_extras, *, precision="float32",
+    rtol=RTOL, atol=ATOL,
+):  # fmt: skip
     """Runs ROUNDS through the engine and the reference side by side, checking every round.
 
     The reference's server is a dict: ``"x"``, the global model, and
@@ -169,8 +176,9 @@ def run_rounds(algorithm, hyper, key, client, server_step, server_extras):
     ``(trained, old state, new state, weight)``.
     """
     store = make_store()
-    round_, train = make_round(algorithm), device_split(store)
-    state = start(algorithm, hyper, key)
+    round_, train = make_round(algorithm, precision=precision), device_split(store)
+    hyper = algorithm.hyper(hyper, dtype=local.hyper_dtype(precision))
+    state = start(algorithm, round_.model, hyper, key)
     x = as64(algorithm.global_params(state.server_state))
     server = {"x": x, **server_extras(x)}
     states = [zeros_like(x) for _ in range(N)]
@@ -193,10 +201,11 @@ def run_rounds(algorithm, hyper, key, client, server_step, server_extras):
         for k, (_, _, new, weight) in zip(ids, clients):
             if weight > 0:
                 states[k] = new
-        tree_close(algorithm.global_params(state.server_state), server["x"])
+        close = functools.partial(tree_close, rtol=rtol, atol=atol)
+        close(algorithm.global_params(state.server_state), server["x"])
         for name in server_extras(x):
-            tree_close(getattr(state.server_state, name), server[name])
-        np.testing.assert_allclose(metrics["train_loss"], loss_sum / examples, rtol=RTOL, atol=ATOL)
+            close(getattr(state.server_state, name), server[name])
+        np.testing.assert_allclose(metrics["train_loss"], loss_sum / examples, rtol=rtol, atol=atol)
         engine_states = jax.device_get(state.client_states)
         counted = {k for k, w in zip(ids, weights) if w > 0}
         for k in range(N):
@@ -205,7 +214,7 @@ def run_rounds(algorithm, hyper, key, client, server_step, server_extras):
                 jax.tree.map(
                     lambda a, b, k=k: np.testing.assert_array_equal(a, b[k]), mine, old_states
                 )
-            tree_close(mine, states[k])
+            close(mine, states[k])
     return server
 
 
@@ -252,6 +261,14 @@ def scaffold_server(server, clients):
     return {"x": x, "control": control}
 
 
+def check_scaffold(**precision_and_tolerance):
+    """``run_rounds`` for SCAFFOLD; returns the reference's final server."""
+    return run_rounds(
+        SCAFFOLD, {}, rng.seed_key(5), scaffold_client, scaffold_server,
+        lambda x: {"control": zeros_like(x)}, **precision_and_tolerance,
+    )  # fmt: skip
+
+
 def test_scaffold_matches_sequential_reference():
     """Four rounds of SCAFFOLD (option II): global model x, server control c, every c_i.
 
@@ -262,14 +279,7 @@ def test_scaffold_matches_sequential_reference():
     selected keep c_k bitwise; in the last round nobody counts and nothing moves.
     The round's train_loss is the cross-entropy alone. rtol 1e-5, atol 1e-6.
     """
-    server = run_rounds(
-        SCAFFOLD,
-        SCAFFOLD.hyper(),
-        rng.seed_key(5),
-        scaffold_client,
-        scaffold_server,
-        lambda x: {"control": zeros_like(x)},
-    )
+    server = check_scaffold()
     assert np.abs(server["control"]["Dense_0"]["kernel"]).max() > 1e-2  # c did move
 
 
@@ -282,7 +292,7 @@ def test_scaffold_with_zero_controls_is_fedavg_for_a_round():
     results = []
     for algorithm in (SCAFFOLD, fedavg()):
         hyper = algorithm.hyper({"client_lr": CLIENT_LR, "server_lr": SERVER_LR})
-        state = start(algorithm, hyper, key)
+        state = start(algorithm, LOGREG, hyper, key)
         new, _, _ = train_cohort(
             make_round(algorithm), state, jnp.asarray(ids, jnp.int32), tasks, hyper, train
         )
@@ -330,6 +340,15 @@ def feddyn_server(alpha, server_lr):
     return server_step
 
 
+def check_feddyn(alpha=0.3, server_lr=1.0, **precision_and_tolerance):
+    """``run_rounds`` for FedDyn; returns the reference's final server."""
+    return run_rounds(
+        FEDDYN, {"feddyn_alpha": alpha, "server_lr": server_lr}, rng.seed_key(6),
+        feddyn_client(alpha), feddyn_server(alpha, server_lr), lambda x: {"h": zeros_like(x)},
+        **precision_and_tolerance,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("alpha, server_lr", [(0.3, 1.0), (0.05, 0.7)])
 def test_feddyn_matches_sequential_reference(alpha, server_lr):
     """Four rounds of FedDyn: global model θ, server h, every client's g_k.
@@ -341,15 +360,7 @@ def test_feddyn_matches_sequential_reference(alpha, server_lr):
     minus h/α). The weight-0 client and clients not selected keep g_k bitwise;
     when nobody counts nothing moves. train_loss is L_k alone. rtol 1e-5, atol 1e-6.
     """
-    hyper = FEDDYN.hyper({"feddyn_alpha": alpha, "server_lr": server_lr})
-    server = run_rounds(
-        FEDDYN,
-        hyper,
-        rng.seed_key(6),
-        feddyn_client(alpha),
-        feddyn_server(alpha, server_lr),
-        lambda x: {"h": zeros_like(x)},
-    )
+    server = check_feddyn(alpha, server_lr)
     assert np.abs(server["h"]["Dense_0"]["kernel"]).max() > 1e-3 * alpha  # h did move
 
 
@@ -392,7 +403,7 @@ def test_hyperparameters_are_traced(algorithm, name, values):
     results, sizes = [], []
     for value in values:
         hyper = algorithm.hyper({name: value})
-        state = start(algorithm, hyper, key)
+        state = start(algorithm, LOGREG, hyper, key)
         new, _, _ = train_cohort(round_, state, jnp.asarray(ids, jnp.int32), tasks, hyper, train)
         results.append(as64(algorithm.global_params(new.server_state)))
         sizes.append(train_cohort._cache_size())

@@ -110,7 +110,7 @@ def _check(name: str, value, ok, allowed: str) -> jax.Array:
             raise ValueError(f"{name} must be a finite number, got {shown}")
         if not np.all(ok(concrete)):
             raise ValueError(f"{name} must be {allowed}, got {shown}")
-    return jnp.asarray(value, dtype=float)
+    return jnp.asarray(value, jnp.float32)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -133,8 +133,8 @@ def _policy(
     on_unavailable: str,
 ) -> RoundPolicy:
     return RoundPolicy(
-        deadline=jnp.asarray(deadline_s, dtype=float),
-        drop_share=jnp.asarray(drop_share, dtype=float),
+        deadline=jnp.asarray(deadline_s, jnp.float32),
+        drop_share=jnp.asarray(drop_share, jnp.float32),
         over_commit=_check("over_commit", over_commit, lambda v: v >= 0, ">= 0"),
         overhead=_check("overhead", overhead, lambda v: v >= 0, ">= 0 seconds"),
         start=_check("start", start, lambda v: v >= 0, ">= 0 seconds"),
