@@ -145,6 +145,8 @@ class LocalContext:
         ``client_finalize``, equal to ``num_steps``.
       num_steps: int32 steps this client takes this round (its epochs or steps,
         cut by a deadline, partial work or a dropout).
+      key: in ``client_finalize``, this client's key for the round's randomised
+        encodings (``fedjax_het.compressed``); None in ``local_loss`` (which has its own).
     """
 
     broadcast: PyTree
@@ -152,6 +154,7 @@ class LocalContext:
     client_state: ClientState
     step: jax.Array
     num_steps: jax.Array
+    key: PRNGKey | None = None
 
 
 @struct.dataclass
@@ -299,6 +302,9 @@ class FederatedAlgorithm:
       server_metrics: ``server_state -> {name: array}`` per-round figures the
         algorithm reports (IFCA's cluster sizes), or None.
       freezing: per-client freezing chosen in the round (FreezeFL), or None.
+      payload: ``params -> (down, up)`` bytes one client receives and sends in a
+        round, for params of these shapes (``fedjax_het.compressed`` counts its
+        encodings); None: the params both ways, at float32 (``online.upload_bytes``).
       hyper_ranges: ``((name, Interval), ...)`` the values each hyperparameter may
         take, checked (defaults included, when the algorithm is built) by
         ``check_hyper`` before anything compiles. Every hyperparameter must be
@@ -320,6 +326,7 @@ class FederatedAlgorithm:
     personal_params: Callable[[ServerState, ClientState], Params] | None = None
     server_metrics: Callable[[ServerState], dict[str, jax.Array]] | None = None
     freezing: Freezing | None = None
+    payload: Callable[[Params], tuple[int, int]] | None = None
     hyper_ranges: tuple[tuple[str, Interval], ...] = ()
 
     def __post_init__(self):

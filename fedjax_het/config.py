@@ -53,6 +53,10 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     name = "power_of_choice"
     candidates = 20
 
+    [compression]       # optional: compressed updates (fedjax_het.compression.from_options)
+    upload = "top_k"    # none, float16, bfloat16, qsgd, terngrad, sign, scaled_sign, random_k
+    fraction = 0.01     # (levels for qsgd), error_feedback = true, download = "float16"
+
     [distributed]       # optional: several processes/hosts (fedjax_het.distributed.Cluster)
     enabled = true
 
@@ -82,7 +86,7 @@ from typing import Any
 
 import jax
 
-from fedjax_het import distributed, models, registry
+from fedjax_het import compression, distributed, models, registry
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.client_store import PLACEMENTS
 from fedjax_het.data import catalog, feature_skew, partitioners
@@ -118,6 +122,7 @@ DEFAULTS: dict[str, Any] = {
     "system": {},
     "policy": {},
     "selection": {},
+    "compression": {},
     "distributed": {},
 }
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
@@ -305,6 +310,7 @@ def schema(config: Mapping[str, Any]) -> dict[str, Any]:
         keys.update({f"{table}.{k}": v for k, v in typing.get_type_hints(cls).items()})
     add("system", setup.profiles_from_options, ("num_clients",))
     add("policy", setup.policy_from_options)
+    add("compression", compression.from_options)
     if config.get("selection"):
         add("selection", _registered("selection", config["selection"].get("name")),
             ("num_clients", "num_slots"))
@@ -343,6 +349,7 @@ def build(config: Mapping[str, Any]) -> Experiment:
     config["model"] = {"name": config["model"]["name"], **_resolved(model_args, model_factory, skip)}
     algorithm, hyper = _algorithm(config["algorithm"])
     config["algorithm"] = {**config["algorithm"], **dict(algorithm.hyper_defaults), **hyper}
+    algorithm = _compressed(config, algorithm)
     partition = _check_partition(config)
     skew = _check_skew(config, partition)
     if partition is not None:
@@ -378,6 +385,21 @@ def build(config: Mapping[str, Any]) -> Experiment:
         slots = min(int(num_selected(cohort, system.policy.over_commit)), data.num_clients)
         select = _guarded("selection", lambda: factory(data.num_clients, slots, **args))
     return Experiment(data, model, algorithm, sampler, work, hyper, config, system, select)
+
+
+def _compressed(config: dict[str, Any], algorithm: FederatedAlgorithm) -> FederatedAlgorithm:
+    """``algorithm`` with the optional [compression] table's encodings (``compression.compressed``)."""
+    table = dict(config.get("compression") or {})
+    if not table:
+        config.pop("compression", None)
+        return algorithm
+    args = _arguments("compression", compression.from_options, table)
+    config["compression"] = _resolved(args, compression.from_options)
+    upload, download = _guarded("compression", lambda: compression.from_options(**args))
+    return _guarded(
+        "compression",
+        lambda: compression.compressed(algorithm, upload=upload, download=download),
+    )
 
 
 def _selection_options(config: dict[str, Any], *, has_system: bool) -> tuple[Callable, dict] | None:

@@ -231,7 +231,9 @@ def local_update(
     (params, _, loss_sum), processed = jax.lax.scan(
         step, init, (steps, xs, ys, example_mask), unroll=spec.unroll
     )
-    ctx = LocalContext(broadcast, start, client_state, num_steps, num_steps)
+    ctx = LocalContext(
+        broadcast, start, client_state, num_steps, num_steps, rng.stream(task.key, "finalize")
+    )
     update, client_state = algorithm.client_finalize(params, ctx, hyper)
     stats = ClientStats(loss_sum, jnp.sum(processed), num_steps, task.train_mask)
     return update, client_state, stats

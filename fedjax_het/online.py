@@ -47,7 +47,7 @@ import numpy as np
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.algorithm import LocalContext
+from fedjax_het.algorithm import FederatedAlgorithm, LocalContext
 from fedjax_het.cohort import run_cohort
 from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
 from fedjax_het.models import Model
@@ -97,6 +97,16 @@ def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
         return jnp.float32(sum(_wire_bytes(leaf) for leaf in jax.tree.leaves(params)))
     sizes = jax.tree.map(lambda p, m: m * _wire_bytes(p), params, masks)
     return sum(jax.tree.leaves(sizes))
+
+
+def payload_bytes(algorithm: FederatedAlgorithm, params: Params) -> tuple[float, float]:
+    """``(down, up)`` bytes one client receives and sends a round: the algorithm's own count
+    (``FederatedAlgorithm.payload``: compressed encodings), else the params both ways."""
+    if algorithm.payload is not None:
+        down, up = algorithm.payload(params)
+        return float(down), float(up)
+    full = float(sum(_wire_bytes(leaf) for leaf in jax.tree.leaves(params)))
+    return full, full
 
 
 def _wire_bytes(leaf: jax.Array) -> int:
@@ -209,17 +219,17 @@ class OnlineRound:
         selection = self.selection
         m = round_.sampler.cohort_size
         broadcast = round_.algorithm.broadcast(state.run.server_state)
-        full = upload_bytes(broadcast)
-        ids, valid, selection_state = self._select(state, round_idx, inputs, full)
+        down, up = payload_bytes(round_.algorithm, broadcast)
+        ids, valid, selection_state = self._select(state, round_idx, inputs, down, up)
         valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
-        payload_up = jnp.full((profiles.num_clients,), full)
+        payload_up = jnp.full((profiles.num_clients,), up, jnp.float32)
         freezing = round_.algorithm.freezing
         if freezing is not None:
             masks = freezing.depth_masks(broadcast)
             probe = jnp.ceil(freezing.probe_share * inputs.steps_needed).astype(jnp.int32)
             up_bytes = upload_bytes(broadcast, masks)  # [D]
             scale = _step_scale(inputs, probe)  # [N, D]
-            fixed = full / profiles.down_mean  # [N]
+            fixed = down / profiles.down_mean  # [N]
             compute = (inputs.steps_needed * profiles.step_time)[:, None] * scale  # [N, D]
             # Expected round time of every client at every depth, at its mean speeds: [N, D].
             seconds = fixed[:, None] + compute + up_bytes[None, :] / profiles.up_mean[:, None]
@@ -230,7 +240,7 @@ class OnlineRound:
             )
         row, clock = schedule_round(
             profiles, policy, round_idx=round_idx, start=state.clock, key=inputs.key,
-            selected=ids, valid=valid, steps_needed=inputs.steps_needed, payload_down=full,
+            selected=ids, valid=valid, steps_needed=inputs.steps_needed, payload_down=down,
             payload_up=payload_up, cohort_size=m,
         )
         _, tasks = round_.cohort(round_idx, inputs.train, inputs.key, plan=row)
@@ -251,7 +261,7 @@ class OnlineRound:
         )
         return state, (metrics, row)
 
-    def _select(self, state: OnlineState, round_idx, inputs: RoundInputs, payload: jax.Array):
+    def _select(self, state: OnlineState, round_idx, inputs: RoundInputs, down: float, up: float):
         """``(ids, valid, selection state)``, after the selection's profile on its rounds."""
         profiles, selection = inputs.profiles, self.selection
         selection_state = state.selection
@@ -276,8 +286,8 @@ class OnlineRound:
             ready = jnp.ones((profiles.num_clients,), bool)
         select_key = rng.stream(rng.round_key(inputs.key, round_idx), "select")
         report = ClientReport(
-            seconds=payload / profiles.down_mean + inputs.steps_needed * profiles.step_time
-            + payload / profiles.up_mean,
+            seconds=down / profiles.down_mean + inputs.steps_needed * profiles.step_time
+            + up / profiles.up_mean,
             dropout=profiles.dropout,
             examples=self.round.spec.work.examples_to_process(inputs.train.count),
         )

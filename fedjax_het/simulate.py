@@ -140,8 +140,7 @@ def plan_runs(
                 f"system profiles describe {system.profiles.num_clients} clients but the data "
                 f"has {data.num_clients}"
             )
-    shapes = jax.eval_shape(spec.model.init, keys[0])
-    payload = float(online.upload_bytes(shapes))
+    down, up = online.payload_bytes(spec.algorithm, jax.eval_shape(spec.model.init, keys[0]))
     m = sampler.cohort_size
     selectors = {selection_slots(system, sampler, data.num_clients) for system in systems}
     if len(selectors) > 1:
@@ -155,7 +154,7 @@ def plan_runs(
     make = functools.partial(
         scheduling.schedule, select=select, rounds=rounds, cohort_size=m,
         steps_needed=jnp.asarray(steps_needed(spec, data.train.count)),
-        payload_down=payload, payload_up=payload,
+        payload_down=down, payload_up=up,
     )
     axes = jax.tree.map(lambda _: 0, profiles.replace(availability=None))
     batched = jax.vmap(

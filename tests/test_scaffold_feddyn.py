@@ -165,7 +165,7 @@ def tree_close(got, want, rtol=RTOL, atol=ATOL):
 
 def run_rounds(
     algorithm, hyper, key, client, server_step, server_extras, *, precision="float32",
-    rtol=RTOL, atol=ATOL,
+    rtol=RTOL, atol=ATOL, client_state=zeros_like,
 ):  # fmt: skip
     """Runs ROUNDS through the engine and the reference side by side, checking every round.
 
@@ -173,7 +173,8 @@ def run_rounds(
     ``server_extras(x)`` (each compared with the engine's server-state field of
     that name). ``client(data, server, state_k) -> (trained, new state_k, loss sum)``;
     ``server_step(server, clients) -> server`` with ``clients`` the round's
-    ``(trained, old state, new state, weight)``.
+    ``(trained, old state, new state, weight)``. ``client_state(x)`` is every
+    client's first state in the reference (default: zeros like the model).
     """
     store = make_store()
     round_, train = make_round(algorithm, precision=precision), device_split(store)
@@ -181,7 +182,7 @@ def run_rounds(
     state = start(algorithm, round_.model, hyper, key)
     x = as64(algorithm.global_params(state.server_state))
     server = {"x": x, **server_extras(x)}
-    states = [zeros_like(x) for _ in range(N)]
+    states = [client_state(x) for _ in range(N)]
     for r, (ids, limits, weights) in enumerate(ROUNDS):
         tasks = make_tasks(r, ids, limits, weights, key)
         all_indices, all_steps = jax.device_get(engine_batches(round_.spec, tasks, train))
