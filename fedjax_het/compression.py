@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.algorithm import FederatedAlgorithm, LocalContext
+from fedjax_het.algorithm import Aggregator, ClientStats, FederatedAlgorithm, LocalContext
 from fedjax_het.typing import ClientState, Params, PRNGKey, PyTree, ServerState, Update
 
 FLOAT_BITS = 32  # a float goes over the wire as float32 at most
@@ -454,10 +454,28 @@ def chain(*compressors: Compressor) -> Compressor:
     return Compressor(name, init, apply, payload, all(c.unbiased for c in compressors))
 
 
+def majority_vote() -> Aggregator:
+    """The server's side of signSGD with majority vote: ``sign(Σ_k sign(u_k))``.
+
+    Bernstein, Zhao, Azizzadenesheli and Anandkumar, "signSGD with Majority
+    Vote is Communication Efficient and Fault Tolerant" (ICLR 2019),
+    Algorithm 1. Every client that counts (weight > 0) has one vote per
+    coordinate, whatever its weight; a tie moves nothing (``sign(0) = 0``).
+    Pair it with ``upload=sign()``; the server's optimizer then steps along the vote.
+    """
+
+    def contribute(update: Update, weight: jax.Array, stats: ClientStats) -> PyTree:
+        del stats
+        return jax.tree.map(lambda u: jnp.where(weight > 0, jnp.sign(u), 0), update)
+
+    return Aggregator(contribute, lambda votes: jax.tree.map(jnp.sign, votes))
+
+
 UPLOADS = ("none", "float16", "bfloat16", "qsgd", "terngrad", "sign", "scaled_sign", "top_k",
            "random_k")  # fmt: skip
 _NO_KEY = jax.random.key(0)  # what a cast is given: it draws nothing
-_error_feedback = error_feedback  # from_options' argument of that name shadows it
+_error_feedback = error_feedback  # arguments of these names shadow them below
+_majority_vote = majority_vote
 
 
 def from_options(
@@ -466,9 +484,10 @@ def from_options(
     levels: int = 16,
     fraction: float = 0.01,
     error_feedback: bool = False,
+    majority_vote: bool = False,
     download: str = "float32",
-) -> tuple[Compressor, str | None]:
-    """The ``[compression]`` table: ``(upload compressor, download dtype)`` for ``compressed``.
+) -> tuple[Compressor, str | None, bool]:
+    """The ``[compression]`` table: ``compressed``'s ``(upload, download, majority_vote)``.
 
     Args:
       upload: one of ``UPLOADS``: "none", a cast ("float16", "bfloat16"), "qsgd"
@@ -478,6 +497,7 @@ def from_options(
       levels: QSGD's s.
       fraction: share of each tensor's values top-k and random-k send.
       error_feedback: wrap the upload in error feedback (the residual is client state).
+      majority_vote: aggregate by ``majority_vote()`` (signSGD-MV; needs upload "sign").
       download: the model clients receive: "float32", "float16" or "bfloat16".
     """
     if upload not in UPLOADS:
@@ -490,11 +510,13 @@ def from_options(
         "scaled_sign": lambda: sign(scaled=True), "top_k": lambda: top_k(fraction),
         "random_k": lambda: random_k(fraction),
     }  # fmt: skip
+    if majority_vote and upload != "sign":
+        raise ValueError(f"majority_vote counts the signs of upload 'sign', not of {upload!r}")
     qsgd(levels), top_k(fraction)  # both options are checked, used or not
     compressor = makers[upload]()
     if error_feedback:
         compressor = _error_feedback(compressor)
-    return compressor, None if download == "float32" else download
+    return compressor, None if download == "float32" else download, majority_vote
 
 
 def compressed(
@@ -502,6 +524,7 @@ def compressed(
     *,
     upload: Compressor | None = None,
     download: str | None = None,
+    majority_vote: bool = False,
 ) -> FederatedAlgorithm:
     """``algorithm`` whose clients send ``upload``'s encoding of their update and receive the
     model cast to ``download`` (``"float16"``, ``"bfloat16"``; None: float32).
@@ -514,7 +537,8 @@ def compressed(
     encodings draw from the client's finalisation key (``fold_in(seed, round,
     client)``), so they do not depend on chunking or cohort order. The download
     is a cast of the model every client receives alike (the global model the
-    server evaluates stays uncast).
+    server evaluates stays uncast). ``majority_vote`` replaces the algorithm's
+    aggregator with ``majority_vote()`` (signSGD-MV, with ``upload=sign()``).
 
     Applies to algorithms whose update is shaped like the params (the FedAvg
     family, FedProx, FedNova, Ditto, FedPer/FedRep); SCAFFOLD's and q-FFL's
@@ -558,6 +582,7 @@ def compressed(
     personal = algorithm.personal_params
     return dataclasses.replace(
         algorithm,
+        aggregator=_majority_vote() if majority_vote else algorithm.aggregator,
         name=f"{algorithm.name}+{upload.name}+down({download or 'float32'})",
         client_init=client_init,
         client_start=client_start,

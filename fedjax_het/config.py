@@ -395,10 +395,12 @@ def _compressed(config: dict[str, Any], algorithm: FederatedAlgorithm) -> Federa
         return algorithm
     args = _arguments("compression", compression.from_options, table)
     config["compression"] = _resolved(args, compression.from_options)
-    upload, download = _guarded("compression", lambda: compression.from_options(**args))
+    upload, download, vote = _guarded("compression", lambda: compression.from_options(**args))
     return _guarded(
         "compression",
-        lambda: compression.compressed(algorithm, upload=upload, download=download),
+        lambda: compression.compressed(
+            algorithm, upload=upload, download=download, majority_vote=vote
+        ),
     )
 
 

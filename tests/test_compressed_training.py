@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_scaffold_feddyn as reference
 
 from fedjax_het import compression, models, simulate
+from fedjax_het.algorithm import ClientStats
 from fedjax_het.algorithms import fedavg, scaffold
 from fedjax_het.algorithms.freezefl import freezefl
 from fedjax_het.compression import ErrorFeedbackState, compressed, error_feedback, qsgd, top_k
@@ -123,6 +125,33 @@ def test_the_schedule_carries_the_encoded_bytes():
     assert np.all(up[runs["small"].round_metrics["ok"] > 0] < full / 5)
 
 
+def test_majority_vote_is_the_sign_of_the_counted_signs():
+    """Three counted clients vote per coordinate; a weight-0 client's NaNs do not; a tie is 0."""
+    updates = np.array([[0.5, -2.0, 0.1, 3.0], [-0.1, -1.0, -4.0, 2.0],
+                        [0.2, 5.0, 0.0, -1.0], [np.nan, np.nan, 9.0, -9.0]], np.float32)
+    weights = np.array([1.0, 30.0, 2.0, 0.0], np.float32)
+    rule = compression.majority_vote()
+    stats = ClientStats(jnp.zeros(4), jnp.zeros(4), jnp.zeros(4, jnp.int32))
+    votes = jax.vmap(rule.contribute)({"w": jnp.asarray(updates)}, jnp.asarray(weights), stats)
+    got = rule.finalize(jax.tree.map(lambda v: v.sum(0), votes))["w"]
+    signs = np.where(updates[:3] >= 0, 1.0, -1.0)  # what sign() sends (sign(0) = +1)
+    np.testing.assert_array_equal(got, np.sign(np.sign(updates[:3]).sum(0)))
+    np.testing.assert_array_equal(rule.finalize({"w": jnp.asarray(signs.sum(0))})["w"],
+                                  [1.0, -1.0, 1.0, 1.0])  # fmt: skip
+    tie = rule.finalize({"w": jnp.zeros(2)})["w"]
+    np.testing.assert_array_equal(tie, [0.0, 0.0])
+
+
+def test_signsgd_with_majority_vote_trains_on_one_bit_a_value():
+    algorithm = compressed(fedavg(), upload=compression.sign(), majority_vote=True)
+    shapes = jax.eval_shape(MODEL.init, jax.random.key(0))
+    values = sum(leaf.size for leaf in jax.tree.leaves(shapes))
+    assert algorithm.payload(shapes)[1] == math.ceil(values / 8)
+    history = simulate.run(DATA, MODEL, algorithm, uniform(NUM_CLIENTS, 3),
+                           **{**COMMON, "rounds": 8, "hyper": {"client_lr": 0.1, "server_lr": 0.003}})
+    assert history.metrics[-1]["test_loss"] < history.metrics[0]["test_loss"]
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -131,6 +160,7 @@ def test_the_schedule_carries_the_encoded_bytes():
         lambda: compression.from_options(upload="gzip"),
         lambda: compression.from_options(levels=0),
         lambda: compression.from_options(fraction=1.5),
+        lambda: compression.from_options(upload="top_k", majority_vote=True),
     ],
 )
 def test_impossible_compression_is_a_one_line_error(make):
