@@ -38,7 +38,7 @@ from fedjax_het.algorithm import (
 )
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.optimizers import HyperOptimizer
-from fedjax_het.typing import Hyper, Params, PyTree
+from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
 
 @struct.dataclass
@@ -94,7 +94,10 @@ def fedavg(
         del num_clients
         return ServerState(params, server_optimizer.build(hyper).init(params))
 
-    def server_update(state: ServerState, pseudo_gradient, hyper: Hyper) -> ServerState:
+    def server_update(
+        state: ServerState, pseudo_gradient, hyper: Hyper, key: PRNGKey | None = None
+    ) -> ServerState:
+        del key
         updates, opt_state = server_optimizer.build(hyper).update(
             pseudo_gradient, state.opt_state, state.params
         )

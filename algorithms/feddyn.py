@@ -132,7 +132,8 @@ def feddyn(
         return ServerState(inner.params, inner.opt_state, zeros, jnp.float32(num_clients))
 
     def server_update(
-        state: ServerState, aggregate: tuple[Update, Update, jax.Array], hyper: Hyper
+        state: ServerState, aggregate: tuple[Update, Update, jax.Array], hyper: Hyper,
+        key: PRNGKey | None = None,
     ) -> ServerState:
         mean_delta, delta_sum, count = aggregate
         alpha = hyper["feddyn_alpha"]
@@ -140,7 +141,7 @@ def feddyn(
         h = jax.tree.map(lambda h, s: h + scale.astype(s.dtype) * s, state.h, delta_sum)
         pseudo_gradient = jax.tree.map(lambda d, h: d + h / alpha.astype(h.dtype), mean_delta, h)
         inner = base.server_update(
-            ModelState(state.params, state.opt_state), pseudo_gradient, hyper
+            ModelState(state.params, state.opt_state), pseudo_gradient, hyper, key
         )
         new = ServerState(inner.params, inner.opt_state, h, state.num_clients)
         return jax.tree.map(lambda n, o: jnp.where(count > 0, n, o), new, state)

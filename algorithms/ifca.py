@@ -185,9 +185,11 @@ def ifca(
             base.server_init(models, hyper, num_clients), jnp.zeros((num_clusters,), jnp.int32)
         )
 
-    def server_update(state: ServerState, aggregate, hyper: Hyper) -> ServerState:
+    def server_update(
+        state: ServerState, aggregate, hyper: Hyper, key: PRNGKey | None = None
+    ) -> ServerState:
         mean, members = aggregate
-        return ServerState(base.server_update(state.models, mean, hyper), members)
+        return ServerState(base.server_update(state.models, mean, hyper, key), members)
 
     def global_params(state: ServerState) -> Params:
         largest = jnp.argmax(state.cluster_sizes)

@@ -193,11 +193,12 @@ def scaffold(*, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlg
         return ServerState(inner.params, inner.opt_state, zeros, jnp.float32(num_clients))
 
     def server_update(
-        state: ServerState, aggregate: tuple[Update, Params], hyper: Hyper
+        state: ServerState, aggregate: tuple[Update, Params], hyper: Hyper,
+        key: PRNGKey | None = None,
     ) -> ServerState:
         pseudo_gradient, control_sum = aggregate
         inner = base.server_update(
-            ModelState(state.params, state.opt_state), pseudo_gradient, hyper
+            ModelState(state.params, state.opt_state), pseudo_gradient, hyper, key
         )
         control = jax.tree.map(
             lambda c, s: c + s / state.num_clients.astype(s.dtype), state.control, control_sum

@@ -17,7 +17,7 @@ One round, for the clients of a cohort::
         params -= client_optimizer(hyper) applied to grad of local_loss(model, params, batch_s, ctx, hyper, key)
     update_k, client_state_k = client_finalize(params, ctx, hyper)
     # cohort.py: sums = Σ_k aggregator.contribute(update_k, weight_k, stats_k)
-    server_state = server_update(server_state, aggregator.finalize(sums), hyper)
+    server_state = server_update(server_state, aggregator.finalize(sums), hyper, server_key)
 
 ``client_state_k`` is kept only when the client's update counted (weight >
 0): a client that failed, was late or was not selected keeps its state.
@@ -295,13 +295,18 @@ class FederatedAlgorithm:
       client_finalize: ``(params, ctx, hyper) -> (update, client_state)`` from
         the trained params.
       aggregator: how updates combine.
-      server_update: ``(server_state, aggregate, hyper) -> server_state``.
+      server_update: ``(server_state, aggregate, hyper, key) -> server_state``; ``key`` is
+        the round's server key (the "server" stream of ``fold_in(seed, round)``) for
+        server-side randomness (DP-FedAvg's noise), or None outside a run.
       global_params: ``server_state -> params`` the global model that is evaluated.
       personal_params: ``(server_state, client_state) -> params`` client k's own
         model for personalised evaluation (Ditto, FedPer, IFCA), or None.
       server_metrics: ``server_state -> {name: array}`` per-round figures the
         algorithm reports (IFCA's cluster sizes), or None.
       freezing: per-client freezing chosen in the round (FreezeFL), or None.
+      report: ``(hyper, num_clients, rounds) -> dict`` what the algorithm adds to the
+        run's summary after ``rounds`` rounds (DP-FedAvg: the privacy spent), ``hyper``
+        as Python floats; or None.
       payload: ``params -> (down, up)`` bytes one client receives and sends in a
         round, for params of these shapes (``fedjax_het.compressed`` counts its
         encodings); None: the params both ways, at float32 (``online.upload_bytes``).
@@ -320,13 +325,14 @@ class FederatedAlgorithm:
     local_loss: Callable[..., jax.Array]
     client_finalize: Callable[[Params, LocalContext, Hyper], tuple[Update, ClientState]]
     aggregator: Aggregator
-    server_update: Callable[[ServerState, Update, Hyper], ServerState]
+    server_update: Callable[[ServerState, Update, Hyper, PRNGKey | None], ServerState]
     global_params: Callable[[ServerState], Params]
     client_start: Callable[..., tuple[Params, ClientState]] = start_from_broadcast
     personal_params: Callable[[ServerState, ClientState], Params] | None = None
     server_metrics: Callable[[ServerState], dict[str, jax.Array]] | None = None
     freezing: Freezing | None = None
     payload: Callable[[Params], tuple[int, int]] | None = None
+    report: Callable[[dict[str, float], int, int], dict] | None = None
     hyper_ranges: tuple[tuple[str, Interval], ...] = ()
 
     def __post_init__(self):

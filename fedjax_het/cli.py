@@ -207,6 +207,13 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
         f"per-client mean {s['client_accuracy_mean']:.4f}, worst {s['client_accuracy_min']:.4f}; "
         f"{s['rounds']} rounds in {s['wall_s']:.1f} s; results in {history.out_dir}"
     )
+    if "privacy" in s:
+        p = s["privacy"]
+        print(
+            f"privacy: epsilon {p['epsilon']:.3g} at delta {p['delta']:g} (noise multiplier "
+            f"{p['noise_multiplier']:g}, clip {p['clip_norm']:g}, {p['rounds']} rounds at "
+            f"q = {p['sampling_rate']:.3g}; {p['epsilon_fixed_size']:.3g} for the fixed-size cohort)"
+        )
     return 0
 
 

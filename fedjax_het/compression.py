@@ -159,7 +159,7 @@ def _wide(x: jax.Array) -> jax.Array:
     return jnp.asarray(x, jnp.promote_types(x.dtype, jnp.float32))
 
 
-def _sum(x: jax.Array) -> jax.Array:
+def pairwise_sum(x: jax.Array) -> jax.Array:
     """``Σ x`` as a fixed pairwise tree of elementwise adds.
 
     The same bits with or without ``vmap``, for any batch size: XLA may order a
@@ -253,7 +253,7 @@ def qsgd(levels: int) -> Compressor:
 
     def encode(x: jax.Array, key: PRNGKey) -> jax.Array:
         u = _wide(x)
-        norm = jnp.sqrt(_sum(jnp.square(u)))
+        norm = jnp.sqrt(pairwise_sum(jnp.square(u)))
         scaled = levels * jnp.abs(u) / _safe(norm)
         lower = jnp.floor(scaled)
         up = jax.random.uniform(key, u.shape, u.dtype) < scaled - lower
@@ -317,7 +317,7 @@ def sign(*, scaled: bool = False) -> Compressor:
         if not scaled:
             return signs
         u = _wide(x)
-        return (_sum(jnp.abs(u)) * (1 / x.size) * signs).astype(x.dtype)  # 1/d: see qsgd
+        return (pairwise_sum(jnp.abs(u)) * (1 / x.size) * signs).astype(x.dtype)  # 1/d: see qsgd
 
     def payload(p: Payload, d: int) -> Payload:
         return Payload(p.values, 1, p.side_bits + (FLOAT_BITS if scaled else 0))

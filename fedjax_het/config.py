@@ -86,7 +86,7 @@ from typing import Any
 
 import jax
 
-from fedjax_het import compression, distributed, models, registry
+from fedjax_het import compression, distributed, models, privacy, registry
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.client_store import PLACEMENTS
 from fedjax_het.data import catalog, feature_skew, partitioners
@@ -123,6 +123,7 @@ DEFAULTS: dict[str, Any] = {
     "policy": {},
     "selection": {},
     "compression": {},
+    "privacy": {},
     "distributed": {},
 }
 SCALARS = {"seed": int, "rounds": int, "eval_every": int}
@@ -311,6 +312,7 @@ def schema(config: Mapping[str, Any]) -> dict[str, Any]:
     add("system", setup.profiles_from_options, ("num_clients",))
     add("policy", setup.policy_from_options)
     add("compression", compression.from_options)
+    add("privacy", privacy.options)
     if config.get("selection"):
         add("selection", _registered("selection", config["selection"].get("name")),
             ("num_clients", "num_slots"))
@@ -349,7 +351,16 @@ def build(config: Mapping[str, Any]) -> Experiment:
     config["model"] = {"name": config["model"]["name"], **_resolved(model_args, model_factory, skip)}
     algorithm, hyper = _algorithm(config["algorithm"])
     config["algorithm"] = {**config["algorithm"], **dict(algorithm.hyper_defaults), **hyper}
+    private = _privacy_options(config)
+    if private is not None:
+        algorithm = _guarded("privacy", lambda: privacy.private(
+            algorithm, cohort_size=cohort, clip_norm=private["clip_norm"],
+            noise_multiplier=private["noise_multiplier"], delta=private["delta"],
+        ))  # fmt: skip
     algorithm = _compressed(config, algorithm)
+    if private is not None and config.get("compression", {}).get("majority_vote"):
+        raise ConfigError("compression.majority_vote and [privacy] do not combine: DP-FedAvg "
+                          "noises a sum of clipped updates, not a vote")  # fmt: skip
     partition = _check_partition(config)
     skew = _check_skew(config, partition)
     if partition is not None:
@@ -371,6 +382,8 @@ def build(config: Mapping[str, Any]) -> Experiment:
             f"sampler.clients_per_round must be between 1 and the {data.num_clients} clients of "
             f"the data, got {cohort}"
         )
+    if private is not None and private["target_epsilon"] > 0:
+        config["rounds"] = _rounds_within_budget(private, config["rounds"], cohort, data.num_clients)
     model = _guarded("model", lambda: model_factory(data.example_shape, data.num_classes, **model_args))
     sampler = _guarded("sampler", lambda: sampler_factory(data.num_clients, cohort))
     system = select = None
@@ -385,6 +398,32 @@ def build(config: Mapping[str, Any]) -> Experiment:
         slots = min(int(num_selected(cohort, system.policy.over_commit)), data.num_clients)
         select = _guarded("selection", lambda: factory(data.num_clients, slots, **args))
     return Experiment(data, model, algorithm, sampler, work, hyper, config, system, select)
+
+
+def _rounds_within_budget(private: dict[str, float], rounds: int, cohort: int, clients: int) -> int:
+    """``rounds``, cut to the last round within ``privacy.target_epsilon`` (the run stops there)."""
+    allowed = privacy.rounds_within(
+        private["target_epsilon"], private["noise_multiplier"], cohort, clients, private["delta"],
+        most=rounds,
+    )
+    if allowed == 0:
+        raise ConfigError(
+            f"privacy.target_epsilon = {private['target_epsilon']} at delta {private['delta']}: "
+            f"not one round fits at noise_multiplier {private['noise_multiplier']} with "
+            f"{cohort} of {clients} clients a round"
+        )
+    return allowed
+
+
+def _privacy_options(config: dict[str, Any]) -> dict[str, float] | None:
+    """The optional [privacy] table, checked (``privacy.options``)."""
+    table = dict(config.get("privacy") or {})
+    if not table:
+        config.pop("privacy", None)
+        return None
+    args = _arguments("privacy", privacy.options, table)
+    config["privacy"] = _resolved(args, privacy.options)
+    return _guarded("privacy", lambda: privacy.options(**args))
 
 
 def _compressed(config: dict[str, Any], algorithm: FederatedAlgorithm) -> FederatedAlgorithm:

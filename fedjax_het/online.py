@@ -51,7 +51,7 @@ from fedjax_het.algorithm import FederatedAlgorithm, LocalContext
 from fedjax_het.cohort import run_cohort
 from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
 from fedjax_het.models import Model
-from fedjax_het.round import Round, RunState
+from fedjax_het.round import Round, RunState, server_stream
 from fedjax_het.sampler import (
     ClientRecord,
     ClientReport,
@@ -253,7 +253,7 @@ class OnlineRound:
             params = round_.algorithm.global_params(state.run.server_state)
             loss_sq = self._loss_squares(params, tasks, inputs.train)
         run_state, stats, metrics = round_.train_cohort(
-            state.run, ids, tasks, inputs.hyper, inputs.train
+            state.run, ids, tasks, inputs.hyper, inputs.train, server_stream(inputs.key, round_idx)
         )
         state = OnlineState(
             run_state, clock, self._soft_deadline(state.soft_deadline, row),

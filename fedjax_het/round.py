@@ -92,13 +92,17 @@ class Round:
     ) -> tuple[RunState, dict[str, jax.Array]]:
         """One round: ``(state, round) -> (state, per-round metrics)``."""
         ids, tasks = self.cohort(round_idx, train, key, plan)
-        state, _, metrics = self.train_cohort(state, ids, tasks, hyper, train)
+        state, _, metrics = self.train_cohort(
+            state, ids, tasks, hyper, train, server_stream(key, round_idx)
+        )
         return state, metrics
 
     def train_cohort(
-        self, state: RunState, ids: jax.Array, tasks: ClientTask, hyper: Hyper, train: DeviceSplit
+        self, state: RunState, ids: jax.Array, tasks: ClientTask, hyper: Hyper, train: DeviceSplit,
+        server_key: PRNGKey | None = None,
     ) -> tuple[RunState, ClientStats, dict[str, jax.Array]]:
-        """Trains the slots ``tasks`` (clients ``ids``), aggregates and updates the server.
+        """Trains the slots ``tasks`` (clients ``ids``), aggregates and updates the server
+        (with ``server_key``, ``server_stream(key, round)``, for its randomness).
 
         Returns the new state, every slot's ``ClientStats`` and the round's
         metrics (with the algorithm's ``server_metrics``).
@@ -112,7 +116,7 @@ class Round:
             mesh=self.mesh, drop_nonfinite=self.drop_nonfinite,
         )
         server_state = algorithm.server_update(
-            state.server_state, algorithm.aggregator.finalize(sums), hyper
+            state.server_state, algorithm.aggregator.finalize(sums), hyper, server_key
         )
         nonfinite = (tasks.weight > 0) & ~stats.finite
         counted = (tasks.weight > 0) & ~(nonfinite & self.drop_nonfinite)
@@ -139,6 +143,11 @@ def device_split(split: ClientArrays) -> DeviceSplit:
         offset=jnp.asarray(split.offset, jnp.int32),
         count=jnp.asarray(split.count, jnp.int32),
     )
+
+
+def server_stream(key: PRNGKey, round_idx: jax.Array) -> PRNGKey:
+    """The server's key for round ``round_idx``: the "server" stream of ``fold_in(seed, round)``."""
+    return rng.stream(rng.round_key(key, round_idx), "server")
 
 
 def init_state(

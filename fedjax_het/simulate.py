@@ -476,9 +476,10 @@ class Recorder:
 
     def history(
         self, state: RunState, ev, setup: Setup, *, plans: Schedule | None,
-        targets: Sequence[float], timing: Mapping[str, float],
+        targets: Sequence[float], timing: Mapping[str, float], hyper: Hyper | None = None,
     ) -> History:
-        """The run's ``History`` from the final ``state`` and evaluation ``ev``."""
+        """The run's ``History`` from the final ``state`` and evaluation ``ev`` (``hyper``: the
+        run's hyperparameters, when they are not ``setup``'s: a sweep's cell)."""
         round_metrics = {k: np.concatenate([b[k] for b in self.per_round]) for k in self.per_round[0]}
         if self.accounting:
             round_metrics.update(self.accounting.per_round)
@@ -511,6 +512,9 @@ class Recorder:
             **(self.accounting.totals() if self.accounting else {}),
         }
         algorithm = setup.round.algorithm
+        if algorithm.report is not None:
+            values = {k: float(v) for k, v in (setup.hyper if hyper is None else hyper).items()}
+            summary.update(algorithm.report(values, setup.data.num_clients, final["round"]))
         history = History(
             evaluations, round_metrics, client_accuracy,
             algorithm.global_params(state.server_state), state, summary, schedule=plans,

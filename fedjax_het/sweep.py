@@ -242,7 +242,7 @@ def sweep(
             recorder.interrupted = end.interrupted
             histories.append(recorder.history(
                 _take(end.state, j), _take(end.ev, j), setup, targets=targets, timing=timing,
-                plans=_take(plans, i),
+                plans=_take(plans, i), hyper=_take(hypers, i),
             ))
         if end.interrupted is not None:
             raise Interrupted(end.interrupted, end.done, histories)

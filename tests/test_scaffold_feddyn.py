@@ -37,7 +37,7 @@ from fedjax_het.algorithms.feddyn import dyn_mean, feddyn
 from fedjax_het.algorithms.scaffold import ClientUpdate, scaffold, scaffold_mean
 from fedjax_het.data import LocalWork
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.round import Round, device_split, init_state
+from fedjax_het.round import Round, device_split, init_state, server_stream
 from fedjax_het.sampler import Sampler
 
 F, C = 5, 3
@@ -84,8 +84,8 @@ def start(algorithm, model, hyper, key):
 
 
 @functools.partial(fast_jit, static_argnums=0)
-def train_cohort(round_, state, ids, tasks, hyper, train):
-    return round_.train_cohort(state, ids, tasks, hyper, train)
+def train_cohort(round_, state, ids, tasks, hyper, train, server_key=None):
+    return round_.train_cohort(state, ids, tasks, hyper, train, server_key)
 
 
 @functools.partial(fast_jit, static_argnums=0)
@@ -188,7 +188,8 @@ def run_rounds(
         all_indices, all_steps = jax.device_get(engine_batches(round_.spec, tasks, train))
         old_states = jax.device_get(state.client_states)
         state, _, metrics = train_cohort(
-            round_, state, jnp.asarray(ids, jnp.int32), tasks, hyper, train
+            round_, state, jnp.asarray(ids, jnp.int32), tasks, hyper, train,
+            server_stream(key, jnp.int32(r)),
         )
         clients, loss_sum, examples = [], 0.0, 0
         for slot, k in enumerate(ids):
