@@ -353,10 +353,10 @@ def build(config: Mapping[str, Any]) -> Experiment:
     config["algorithm"] = {**config["algorithm"], **dict(algorithm.hyper_defaults), **hyper}
     private = _privacy_options(config)
     if private is not None:
-        algorithm = _guarded("privacy", lambda: privacy.private(
-            algorithm, cohort_size=cohort, clip_norm=private["clip_norm"],
-            noise_multiplier=private["noise_multiplier"], delta=private["delta"],
-        ))  # fmt: skip
+        chosen = {k: v for k, v in private.items() if k != "target_epsilon"}
+        algorithm = _guarded(
+            "privacy", lambda: privacy.private(algorithm, cohort_size=cohort, **chosen)
+        )
     algorithm = _compressed(config, algorithm)
     if private is not None and config.get("compression", {}).get("majority_vote"):
         raise ConfigError("compression.majority_vote and [privacy] do not combine: DP-FedAvg "

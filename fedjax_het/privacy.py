@@ -35,19 +35,39 @@ import math
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
+from fedjax_het import rng
 from fedjax_het.algorithm import (
     NON_NEGATIVE,
     POSITIVE,
+    UNIT,
     Aggregator,
     ClientStats,
     FederatedAlgorithm,
+    Interval,
     LocalContext,
 )
 from fedjax_het.compression import pairwise_sum
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree, ServerState, Update
 
 ORDERS = tuple(range(2, 257))  # integer Rényi orders: exact for both sampling events
+
+
+@struct.dataclass
+class PrivateState:
+    """The wrapped algorithm's server state and the clip norm ``C`` it broadcasts."""
+
+    inner: ServerState
+    clip: jax.Array
+
+
+@struct.dataclass
+class ClippedUpdate:
+    """A client's clipped update and whether it was within the clip norm (``b_k``)."""
+
+    delta: Update
+    within: jax.Array
 
 
 def private(
@@ -57,6 +77,10 @@ def private(
     clip_norm: float = 1.0,
     noise_multiplier: float = 1.0,
     delta: float = 1e-5,
+    adaptive: bool = False,
+    target_quantile: float = 0.5,
+    clip_lr: float = 0.2,
+    count_noise: float | None = None,
 ) -> FederatedAlgorithm:
     """``algorithm`` trained as DP-FedAvg: clipped updates, a noised mean over ``cohort_size``.
 
@@ -65,29 +89,67 @@ def private(
     applies to algorithms whose update is a model delta (the FedAvg family,
     FedProx); others are refused when the round is traced. The run's summary
     gets a ``privacy`` entry (``report``) at ``delta``.
+
+    With ``adaptive``, the clip norm follows the ``target_quantile`` of the
+    update norms (Andrew, Thakkar, McMahan and Ramaswamy, "Differentially
+    Private Learning with Adaptive Clipping", NeurIPS 2021, Algorithm 1 with
+    the geometric update): ``clip_norm`` is the first ``C``; clients also send
+    ``b_k = [||Δ_k|| <= C]``, the server noises their count with standard
+    deviation ``σ_b = count_noise`` (default ``cohort_size / 20``, the paper's)
+    and sets ``C <- C exp(-η_C (b̄ - γ))``. The update's noise multiplier becomes
+    ``z_Δ = (z^-2 - (2 σ_b)^-2)^(-1/2)``, so that both releases together are the
+    Gaussian mechanism of multiplier ``z`` (their Theorem 1) and the accountant is
+    unchanged; ``z`` must stay below ``2 σ_b``. ``γ`` (``dp_quantile``) and
+    ``η_C`` (``dp_clip_lr``) are traced.
     """
     if isinstance(cohort_size, bool) or not isinstance(cohort_size, int) or cohort_size < 1:
         raise ValueError(f"cohort_size must be an int >= 1, got {cohort_size!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    sigma_b = cohort_size / 20 if count_noise is None else count_noise
+    if adaptive and not sigma_b > 0:
+        raise ValueError(f"count_noise must be > 0, got {count_noise}")
+    noise_range = Interval(0.0, 2 * sigma_b, closed_high=False) if adaptive else NON_NEGATIVE
+
+    def inner(ctx: LocalContext) -> LocalContext:
+        return ctx.replace(broadcast=ctx.broadcast[0])
+
+    def client_start(model, payload, client_state, batches, hyper, key):
+        return algorithm.client_start(model, payload[0], client_state, batches, hyper, key)
+
+    def local_loss(model, params, batch, ctx, hyper, key):
+        return algorithm.local_loss(model, params, batch, inner(ctx), hyper, key)
 
     def client_finalize(params: Params, ctx: LocalContext, hyper: Hyper):
-        update, state = algorithm.client_finalize(params, ctx, hyper)
+        update, state = algorithm.client_finalize(params, inner(ctx), hyper)
         if jax.tree.structure(update) != jax.tree.structure(ctx.start):
             raise ValueError(
                 f"{algorithm.name} sends more than a model delta; DP-FedAvg clips the model "
                 "delta of the FedAvg family and FedProx"
             )
-        return clip(update, hyper["dp_clip"]), state
+        bound = ctx.broadcast[1]
+        return ClippedUpdate(clip(update, bound), norm(update) <= bound), state
+
+    def server_init(params: Params, hyper: Hyper, num_clients: int) -> PrivateState:
+        return PrivateState(algorithm.server_init(params, hyper, num_clients), hyper["dp_clip"])
 
     def server_update(
-        state: ServerState, total: Update, hyper: Hyper, key: PRNGKey | None = None
-    ) -> ServerState:
+        state: PrivateState, total: ClippedUpdate, hyper: Hyper, key: PRNGKey | None = None
+    ) -> PrivateState:
         if key is None:
             raise ValueError("DP-FedAvg's noise needs the round's server key (Round.step gives it)")
-        noised = add_noise(total, hyper["dp_noise"] * hyper["dp_clip"], key)
+        z = hyper["dp_noise"]
+        bound = state.clip if adaptive else hyper["dp_clip"]
+        z_delta = 1 / jnp.sqrt(1 / z**2 - 1 / (2 * sigma_b) ** 2) if adaptive else z
+        noised = add_noise(total.delta, z_delta * bound, key)
         mean = jax.tree.map(lambda s: s / cohort_size, noised)
-        return algorithm.server_update(state, mean, hyper, key)
+        inner_state = algorithm.server_update(state.inner, mean, hyper, key)
+        if not adaptive:
+            return PrivateState(inner_state, bound)
+        count_std = jnp.where(z > 0, sigma_b, 0.0)
+        count = total.within + count_std * jax.random.normal(rng.stream(key, "count"))
+        step = hyper["dp_clip_lr"] * (count / cohort_size - hyper["dp_quantile"])
+        return PrivateState(inner_state, bound * jnp.exp(-step))
 
     def report(hyper: dict[str, float], num_clients: int, rounds: int) -> dict:
         z = hyper["dp_noise"]
@@ -97,18 +159,32 @@ def private(
                                           fixed_size=True),
         }  # fmt: skip
         return {"privacy": {**spent, "delta": delta, "noise_multiplier": z,
-                            "clip_norm": hyper["dp_clip"], "rounds": rounds,
-                            "sampling_rate": cohort_size / num_clients}}  # fmt: skip
+                            "clip_norm": hyper["dp_clip"], "adaptive": adaptive,
+                            "rounds": rounds, "sampling_rate": cohort_size / num_clients}}  # fmt: skip
 
+    adaptive_hyper = (("dp_quantile", float(target_quantile)), ("dp_clip_lr", float(clip_lr)))
     return dataclasses.replace(
         algorithm,
         name=f"dp({algorithm.name})",
         hyper_defaults=(*algorithm.hyper_defaults, ("dp_clip", float(clip_norm)),
-                        ("dp_noise", float(noise_multiplier))),
-        hyper_ranges=(*algorithm.hyper_ranges, ("dp_clip", POSITIVE), ("dp_noise", NON_NEGATIVE)),
+                        ("dp_noise", float(noise_multiplier)),
+                        *(adaptive_hyper if adaptive else ())),
+        hyper_ranges=(*algorithm.hyper_ranges, ("dp_clip", POSITIVE), ("dp_noise", noise_range),
+                      *((("dp_quantile", UNIT), ("dp_clip_lr", POSITIVE)) if adaptive else ())),
+        server_init=server_init,
+        broadcast=lambda state: (algorithm.broadcast(state.inner), state.clip),
+        client_start=client_start,
+        local_loss=local_loss,
         client_finalize=client_finalize,
         aggregator=clipped_sum(),
         server_update=server_update,
+        global_params=lambda state: algorithm.global_params(state.inner),
+        personal_params=None if algorithm.personal_params is None
+        else lambda state, client: algorithm.personal_params(state.inner, client),
+        server_metrics=lambda state: {
+            "clip_norm": state.clip,
+            **(algorithm.server_metrics(state.inner) if algorithm.server_metrics else {}),
+        },
         report=report,
     )  # fmt: skip
 
@@ -119,6 +195,10 @@ def options(
     noise_multiplier: float = 1.0,
     delta: float = 1e-5,
     target_epsilon: float = 0.0,
+    adaptive: bool = False,
+    target_quantile: float = 0.5,
+    clip_lr: float = 0.2,
+    count_noise: float = 0.0,
 ) -> dict[str, float]:
     """The ``[privacy]`` table, checked: ``private``'s options and an optional budget.
 
@@ -128,6 +208,8 @@ def options(
       delta: the δ at which ε is reported, in (0, 1).
       target_epsilon: stop the run at the last round whose ε stays within this
         (``rounds_within``); 0: no budget.
+      adaptive, target_quantile, clip_lr, count_noise: adaptive clipping (``private``;
+        ``count_noise`` 0: the cohort size / 20).
     """
     if not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
@@ -137,27 +219,41 @@ def options(
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     if not target_epsilon >= 0:
         raise ValueError(f"target_epsilon must be >= 0 (0: no budget), got {target_epsilon}")
+    if not 0 <= target_quantile <= 1 or not clip_lr > 0 or not count_noise >= 0:
+        raise ValueError(
+            "adaptive clipping needs target_quantile in [0, 1], clip_lr > 0 and count_noise >= 0; "
+            f"got {target_quantile}, {clip_lr} and {count_noise}"
+        )
     return {"clip_norm": clip_norm, "noise_multiplier": noise_multiplier, "delta": delta,
-            "target_epsilon": target_epsilon}  # fmt: skip
+            "target_epsilon": target_epsilon, "adaptive": adaptive,
+            "target_quantile": target_quantile, "clip_lr": clip_lr,
+            "count_noise": count_noise or None}  # fmt: skip
+
+
+def norm(update: Update) -> jax.Array:
+    """``||update||_2`` over every leaf, as a fixed pairwise sum (the same bits under ``vmap``)."""
+    wide = lambda u: u.astype(jnp.promote_types(u.dtype, jnp.float32))
+    return jnp.sqrt(sum(pairwise_sum(jnp.square(wide(u))) for u in jax.tree.leaves(update)))
 
 
 def clip(update: Update, clip_norm: jax.Array) -> Update:
-    """``update · min(1, C / ||update||)``, the norm over every leaf (a zero update stays zero).
-
-    The norm is a fixed pairwise sum, so a client's clipping does not depend on ``vmap``.
-    """
-    wide = lambda u: u.astype(jnp.promote_types(u.dtype, jnp.float32))
-    norm = jnp.sqrt(sum(pairwise_sum(jnp.square(wide(u))) for u in jax.tree.leaves(update)))
-    scale = jnp.minimum(1, clip_norm / jnp.where(norm > 0, norm, 1))
+    """``update · min(1, C / ||update||)`` (a zero update stays zero)."""
+    size = norm(update)
+    scale = jnp.minimum(1, clip_norm / jnp.where(size > 0, size, 1))
     return jax.tree.map(lambda u: (u * scale.astype(u.dtype)).astype(u.dtype), update)
 
 
 def clipped_sum() -> Aggregator:
-    """``Σ_k u_k`` over the clients that count (weight > 0), each counted once; finalize keeps it."""
+    """``Σ_k`` of the clipped updates and of ``b_k`` over the clients that count (weight > 0),
+    each counted once; finalize keeps the sums."""
 
-    def contribute(update: Update, weight: jax.Array, stats: ClientStats) -> PyTree:
+    def contribute(update: ClippedUpdate, weight: jax.Array, stats: ClientStats) -> PyTree:
         del stats
-        return jax.tree.map(lambda u: jnp.where(weight > 0, u, 0), update)
+        kept = weight > 0
+        return ClippedUpdate(
+            jax.tree.map(lambda u: jnp.where(kept, u, 0), update.delta),
+            jnp.where(kept, update.within, False).astype(jnp.float32),
+        )
 
     return Aggregator(contribute, lambda total: total)
 

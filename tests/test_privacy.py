@@ -13,6 +13,9 @@ independent computation.
 - The accountant's ε for the unsubsampled Gaussian mechanism equals the closed
   form: RDP ``T α / (2 z^2)`` (Mironov 2017, Proposition 7 and composition),
   converted as in Balle et al. 2020 (Proposition 12), minimised over the orders.
+- Adaptive clipping (Andrew et al. 2021): one server round equals the geometric
+  update with the engine's two noise draws; without noise the clip settles at the
+  median update norm.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ import numpy as np
 import pytest
 import test_scaffold_feddyn as reference
 
-from fedjax_het import privacy
+from fedjax_het import privacy, rng
 from fedjax_het.algorithms import fedavg, scaffold
 from fedjax_het.config import ConfigError, build, load
-from fedjax_het.privacy import add_noise, clip, epsilon, private
+from fedjax_het.privacy import ClippedUpdate, add_noise, clip, epsilon, private
 from fedjax_het.round import server_stream
 
 CLIP = 0.05  # clips some of the reference's client updates and not others
@@ -183,3 +186,47 @@ def one_round_of(algorithm):
     state = reference.start(algorithm, reference.LOGREG, hyper, key)
     reference.train_cohort(reference.make_round(algorithm), state, jnp.asarray(ids, jnp.int32),
                            tasks, hyper, train, server_stream(key, jnp.int32(0)))  # fmt: skip
+
+
+def adaptive_server(**options):
+    algorithm = private(fedavg(), cohort_size=10, adaptive=True, **options)
+    params = {"w": jnp.zeros((4,), jnp.float32)}
+    hyper = algorithm.hyper({"server_lr": 1.0})
+    return algorithm, algorithm.server_init(params, hyper, 100), hyper
+
+
+def test_adaptive_clip_moves_geometrically_towards_the_quantile():
+    """One server round against Andrew et al.'s update, with the engine's two noise draws:
+    the update's at z_Δ = (z^-2 - (2 σ_b)^-2)^-1/2 and the count's at σ_b = m / 20."""
+    algorithm, state, hyper = adaptive_server(noise_multiplier=0.8, clip_norm=0.3, clip_lr=0.2,
+                                              target_quantile=0.5)  # fmt: skip
+    total = ClippedUpdate({"w": jnp.asarray([0.5, -0.2, 0.1, 0.0])}, jnp.float32(7.0))
+    key = jax.random.key(11)
+    new = algorithm.server_update(state, total, hyper, key)
+    sigma_b, z = 10 / 20, 0.8
+    z_delta = (z**-2 - (2 * sigma_b) ** -2) ** -0.5
+    count = 7.0 + sigma_b * float(jax.random.normal(rng.stream(key, "count")))
+    np.testing.assert_allclose(new.clip, 0.3 * math.exp(-0.2 * (count / 10 - 0.5)), rtol=1e-6)
+    noise = add_noise({"w": jnp.zeros(4)}, z_delta * 0.3, key)["w"]
+    np.testing.assert_allclose(new.inner.params["w"], -(total.delta["w"] + noise) / 10, rtol=1e-5)
+
+
+def test_adaptive_clip_without_noise_settles_at_the_median_norm():
+    """Ten clients with update norms 1..10: the clip settles between the 5th and 6th norm."""
+    algorithm, state, hyper = adaptive_server(noise_multiplier=0.0, clip_norm=0.5, clip_lr=0.2)
+    norms = np.arange(1.0, 11.0)
+    update = jax.jit(algorithm.server_update)
+    for r in range(300):
+        within = jnp.float32(np.sum(norms <= float(state.clip)))
+        state = update(state, ClippedUpdate({"w": jnp.zeros(4)}, within), hyper,
+                       jax.random.key(r))  # fmt: skip
+    assert 5.0 * 0.9 <= float(state.clip) <= 6.0 * 1.1
+
+
+def test_adaptive_clipping_from_the_config_records_its_clip_norm():
+    experiment = build(load(None, ["privacy.adaptive=true", "privacy.noise_multiplier=0.5",
+                                   "privacy.clip_norm=0.1"]))  # fmt: skip
+    assert experiment.algorithm.server_metrics is not None
+    with pytest.raises(ConfigError, match=r"dp_noise must lie in \[0, 1\)") as err:
+        build(load(None, ["privacy.adaptive=true", "privacy.noise_multiplier=1.5"]))
+    assert "\n" not in str(err.value)
