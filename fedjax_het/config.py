@@ -417,23 +417,27 @@ def _rounds_within_budget(private: dict[str, float], rounds: int, cohort: int, c
 
 def _privacy_options(config: dict[str, Any]) -> dict[str, float] | None:
     """The optional [privacy] table, checked (``privacy.options``)."""
-    table = dict(config.get("privacy") or {})
+    args = _optional_table(config, "privacy", privacy.options)
+    return None if args is None else _guarded("privacy", lambda: privacy.options(**args))
+
+
+def _optional_table(config: dict[str, Any], name: str, fn: Callable) -> dict[str, Any] | None:
+    """An optional table checked against ``fn``'s signature: its values, with ``fn``'s defaults
+    filled in the run's record; None (and the table dropped) when it is empty."""
+    table = dict(config.get(name) or {})
     if not table:
-        config.pop("privacy", None)
+        config.pop(name, None)
         return None
-    args = _arguments("privacy", privacy.options, table)
-    config["privacy"] = _resolved(args, privacy.options)
-    return _guarded("privacy", lambda: privacy.options(**args))
+    args = _arguments(name, fn, table)
+    config[name] = _resolved(args, fn)
+    return args
 
 
 def _compressed(config: dict[str, Any], algorithm: FederatedAlgorithm) -> FederatedAlgorithm:
     """``algorithm`` with the optional [compression] table's encodings (``compression.compressed``)."""
-    table = dict(config.get("compression") or {})
-    if not table:
-        config.pop("compression", None)
+    args = _optional_table(config, "compression", compression.from_options)
+    if args is None:
         return algorithm
-    args = _arguments("compression", compression.from_options, table)
-    config["compression"] = _resolved(args, compression.from_options)
     upload, download, vote = _guarded("compression", lambda: compression.from_options(**args))
     return _guarded(
         "compression",
