@@ -475,7 +475,6 @@ def majority_vote() -> Aggregator:
 
 UPLOADS = ("none", "float16", "bfloat16", "qsgd", "terngrad", "sign", "scaled_sign", "top_k",
            "random_k")  # fmt: skip
-_NO_KEY = jax.random.key(0)  # what a cast is given: it draws nothing
 _error_feedback = error_feedback  # arguments of these names shadow them below
 _majority_vote = majority_vote
 
@@ -576,7 +575,8 @@ def compressed(
         return decoded, (state, upload_state)
 
     def broadcast(server_state: ServerState) -> PyTree:
-        return cast_down.apply(algorithm.broadcast(server_state), (), _NO_KEY)[0]
+        no_key = jax.random.key(0)  # a cast draws nothing
+        return cast_down.apply(algorithm.broadcast(server_state), (), no_key)[0]
 
     def payload(params: Params) -> tuple[int, int]:
         return bytes_sent(cast_down, params), bytes_sent(upload, params)
