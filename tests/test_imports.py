@@ -2,6 +2,7 @@
 
 import importlib
 import pkgutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -54,3 +55,21 @@ def test_no_bare_top_level_algorithms_or_sampling(tmp_path):
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[True, True]"
+
+
+def test_importing_every_module_starts_no_jax_backend():
+    """``jax.distributed.initialize`` must come before any backend starts (the CLI calls it
+    after importing the config): no module may build an array when it is imported."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    code = "\n".join([
+        "import importlib, jax",
+        *(f"importlib.import_module({name!r})" for name in all_modules()),
+        f"jax.distributed.initialize('localhost:{port}', num_processes=1, process_id=0)",
+        "jax.distributed.shutdown()",
+    ])  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
