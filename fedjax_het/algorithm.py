@@ -177,6 +177,13 @@ def float_dtype(tree: PyTree) -> jnp.dtype:
     return jnp.result_type(*floats) if floats else jnp.dtype(jnp.float32)
 
 
+def require_model_delta(update: Update, params: Params, name: str, why: str) -> None:
+    """Raises a one-line ValueError unless ``update`` is shaped like ``params`` (a model delta):
+    what update transforms (compression, DP clipping) can act on; ``why`` says what they need."""
+    if jax.tree.structure(update) != jax.tree.structure(params):
+        raise ValueError(f"{name} sends more than a model delta; {why}")
+
+
 def model_loss(
     model: Model, params: Params, batch: Batch, ctx: LocalContext, hyper: Hyper, key: PRNGKey
 ) -> jax.Array:

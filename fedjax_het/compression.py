@@ -10,7 +10,7 @@ passed through untouched. Decoded leaves keep their input dtype.
 Bits are counted per tensor from the encoding, not from the decoded array:
 a tensor of ``d`` elements starts as ``Payload(d, value_bits)``, with
 ``value_bits`` its float width capped at 32 (float64 runs model the float32
-deployment, as ``fedjax_het.online.upload_bytes`` does), and each compressor
+deployment; ``fedjax_het.online`` counts uncompressed payloads this way too), and each compressor
 maps that payload to the one it sends. In a ``chain`` each stage re-encodes
 the values the previous stage sends and keeps its side information (indices,
 norms, seeds): ``chain(top_k(f), cast("float16"))`` sends ``k`` 16-bit values
@@ -51,7 +51,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.algorithm import Aggregator, ClientStats, FederatedAlgorithm, LocalContext
+from fedjax_het.algorithm import (
+    Aggregator,
+    ClientStats,
+    FederatedAlgorithm,
+    LocalContext,
+    require_model_delta,
+)
 from fedjax_het.typing import ClientState, Params, PRNGKey, PyTree, ServerState, Update
 
 FLOAT_BITS = 32  # a float goes over the wire as float32 at most
@@ -154,7 +160,7 @@ def _leafwise(
     return Compressor(name, _no_state, apply, payload, unbiased)
 
 
-def _wide(x: jax.Array) -> jax.Array:
+def at_least_float32(x: jax.Array) -> jax.Array:
     """``x`` in at least float32, for norms, scales and probabilities of half-precision leaves."""
     return jnp.asarray(x, jnp.promote_types(x.dtype, jnp.float32))
 
@@ -220,7 +226,7 @@ def _round_to(x: jax.Array, dtype) -> jax.Array:
     flushes the subnormals of a type with fewer exponent bits, so those are
     rounded on their fixed grid (multiples of ``dtype``'s smallest subnormal).
     """
-    target, u = jnp.finfo(dtype), _wide(x)
+    target, u = jnp.finfo(dtype), at_least_float32(x)
     rounded = jax.lax.reduce_precision(u, exponent_bits=target.nexp, mantissa_bits=target.nmant)
     if target.nexp < jnp.finfo(u.dtype).nexp:
         step = float(target.smallest_subnormal)
@@ -252,7 +258,7 @@ def qsgd(levels: int) -> Compressor:
     level_bits = math.ceil(math.log2(levels + 1))
 
     def encode(x: jax.Array, key: PRNGKey) -> jax.Array:
-        u = _wide(x)
+        u = at_least_float32(x)
         norm = jnp.sqrt(pairwise_sum(jnp.square(u)))
         scaled = levels * jnp.abs(u) / _safe(norm)
         lower = jnp.floor(scaled)
@@ -283,7 +289,7 @@ def terngrad() -> Compressor:
     """
 
     def encode(x: jax.Array, key: PRNGKey) -> jax.Array:
-        u = _wide(x)
+        u = at_least_float32(x)
         scale = jnp.max(jnp.abs(u))
         keep = jax.random.uniform(key, u.shape, u.dtype) < jnp.abs(u) / _safe(scale)
         return jnp.where(keep, scale * jnp.sign(u), 0).astype(x.dtype)
@@ -316,7 +322,7 @@ def sign(*, scaled: bool = False) -> Compressor:
         signs = jnp.where(x >= 0, 1, -1).astype(x.dtype)
         if not scaled:
             return signs
-        u = _wide(x)
+        u = at_least_float32(x)
         return (pairwise_sum(jnp.abs(u)) * (1 / x.size) * signs).astype(x.dtype)  # 1/d: see qsgd
 
     def payload(p: Payload, d: int) -> Payload:
@@ -566,11 +572,10 @@ def compressed(
 
     def client_finalize(params, ctx, hyper):
         update, state = algorithm.client_finalize(params, inner(ctx), hyper)
-        if jax.tree.structure(update) != jax.tree.structure(ctx.start):
-            raise ValueError(
-                f"{algorithm.name} sends more than a model delta; compression applies to the "
-                "FedAvg family, FedProx, FedNova, Ditto and FedPer/FedRep"
-            )
+        require_model_delta(
+            update, ctx.start, algorithm.name,
+            "compression applies to the FedAvg family, FedProx, FedNova, Ditto and FedPer/FedRep",
+        )  # fmt: skip
         decoded, upload_state = upload.apply(update, ctx.client_state[1], ctx.key)
         return decoded, (state, upload_state)
 

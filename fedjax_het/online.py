@@ -49,6 +49,7 @@ from flax import struct
 from fedjax_het import rng
 from fedjax_het.algorithm import FederatedAlgorithm, LocalContext
 from fedjax_het.cohort import run_cohort
+from fedjax_het.compression import bytes_sent, identity
 from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
 from fedjax_het.models import Model
 from fedjax_het.round import Round, RunState, server_stream
@@ -89,13 +90,14 @@ class OnlineState:
 def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
     """Bytes of ``params`` sent up: every leaf, or per depth ``[D]`` the leaves ``masks`` train.
 
-    Floats go over the simulated network as float32 at most: a float64 run
+    Counted as ``compression.identity()`` sends them: floats go over the simulated
+    network as float32 at most, so a float64 run
     (``local.run_model``) models the same deployment, and so the same schedule,
     as the float32 run, with less rounding in its arithmetic.
     """
     if masks is None:
-        return jnp.float32(sum(_wire_bytes(leaf) for leaf in jax.tree.leaves(params)))
-    sizes = jax.tree.map(lambda p, m: m * _wire_bytes(p), params, masks)
+        return jnp.float32(bytes_sent(identity(), params))
+    sizes = jax.tree.map(lambda p, m: m * bytes_sent(identity(), p), params, masks)
     return sum(jax.tree.leaves(sizes))
 
 
@@ -105,15 +107,8 @@ def payload_bytes(algorithm: FederatedAlgorithm, params: Params) -> tuple[float,
     if algorithm.payload is not None:
         down, up = algorithm.payload(params)
         return float(down), float(up)
-    full = float(sum(_wire_bytes(leaf) for leaf in jax.tree.leaves(params)))
+    full = float(bytes_sent(identity(), params))
     return full, full
-
-
-def _wire_bytes(leaf: jax.Array) -> int:
-    itemsize = leaf.dtype.itemsize
-    if jnp.issubdtype(leaf.dtype, jnp.floating):
-        itemsize = min(itemsize, 4)
-    return leaf.size * itemsize
 
 
 @struct.dataclass

@@ -47,8 +47,9 @@ from fedjax_het.algorithm import (
     FederatedAlgorithm,
     Interval,
     LocalContext,
+    require_model_delta,
 )
-from fedjax_het.compression import pairwise_sum
+from fedjax_het.compression import at_least_float32, pairwise_sum
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree, ServerState, Update
 
 ORDERS = tuple(range(2, 257))  # integer Rényi orders: exact for both sampling events
@@ -122,11 +123,10 @@ def private(
 
     def client_finalize(params: Params, ctx: LocalContext, hyper: Hyper):
         update, state = algorithm.client_finalize(params, inner(ctx), hyper)
-        if jax.tree.structure(update) != jax.tree.structure(ctx.start):
-            raise ValueError(
-                f"{algorithm.name} sends more than a model delta; DP-FedAvg clips the model "
-                "delta of the FedAvg family and FedProx"
-            )
+        require_model_delta(
+            update, ctx.start, algorithm.name,
+            "DP-FedAvg clips the model delta of the FedAvg family and FedProx",
+        )  # fmt: skip
         bound = ctx.broadcast[1]
         return ClippedUpdate(clip(update, bound), norm(update) <= bound), state
 
@@ -232,8 +232,8 @@ def options(
 
 def norm(update: Update) -> jax.Array:
     """``||update||_2`` over every leaf, as a fixed pairwise sum (the same bits under ``vmap``)."""
-    wide = lambda u: u.astype(jnp.promote_types(u.dtype, jnp.float32))
-    return jnp.sqrt(sum(pairwise_sum(jnp.square(wide(u))) for u in jax.tree.leaves(update)))
+    squares = (pairwise_sum(jnp.square(at_least_float32(u))) for u in jax.tree.leaves(update))
+    return jnp.sqrt(sum(squares))
 
 
 def clip(update: Update, clip_norm: jax.Array) -> Update:

@@ -163,12 +163,11 @@ def sweep(
     for name, value in (("cells_at_once", cells_at_once), ("cell_batch", cell_batch)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    hypers = _stack([
-        _cell_hyper(algorithm, hyper, cell, i, hyper_dtype(precision)) for i, cell in enumerate(cells)
-    ])
+    dtype = hyper_dtype(precision)
+    hypers = _stack([_cell_hyper(algorithm, hyper, cell, i, dtype) for i, cell in enumerate(cells)])
     at_once = cells_at_once or _cells_that_fit(
-        algorithm, run_model(model, precision), data, len(cells), rounds=rounds, cohort=sampler.cohort_size,
-        devices=devices,
+        algorithm, run_model(model, precision), data, len(cells), rounds=rounds,
+        cohort=sampler.cohort_size, devices=devices,
     )
     at_once = min(at_once, len(cells))
     batch = cell_batch or (1 if jax.default_backend() == "cpu" else at_once)
