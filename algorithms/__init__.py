@@ -5,8 +5,8 @@ from fedjax_het.algorithms.ditto import ditto
 from fedjax_het.algorithms.fedavg import fedadagrad, fedadam, fedavg, fedavgm, fedyogi
 from fedjax_het.algorithms.feddyn import feddyn
 from fedjax_het.algorithms.fednova import fednova
-from fedjax_het.algorithms.fetchsgd import fetchsgd
 from fedjax_het.algorithms.fedprox import fedprox
+from fedjax_het.algorithms.fetchsgd import fetchsgd
 from fedjax_het.algorithms.ifca import ifca
 from fedjax_het.algorithms.personal_layers import fedper, fedrep
 from fedjax_het.algorithms.qffl import qffl
@@ -20,11 +20,11 @@ __all__ = [
     "fedavgm",
     "feddyn",
     "fednova",
-    "fetchsgd",
     "fedper",
     "fedprox",
     "fedrep",
     "fedyogi",
+    "fetchsgd",
     "ifca",
     "optimizers",
     "qffl",

@@ -40,6 +40,7 @@ from jax.flatten_util import ravel_pytree
 from fedjax_het.algorithm import DECAY, FederatedAlgorithm, float_dtype
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.compression import bytes_sent, identity
 from fedjax_het.typing import Hyper, Params, PRNGKey, Update
 
 
@@ -52,38 +53,36 @@ class ServerState:
 
 @dataclasses.dataclass(frozen=True)
 class CountSketch:
-    """A ``rows x cols`` Count Sketch of ``d``-vectors with hashes drawn from ``seed``."""
+    """A Count Sketch with ``cols`` buckets a row: coordinate ``i`` goes to bucket
+    ``buckets[j, i]`` of row ``j`` with sign ``signs[j, i]`` (``[rows, d]`` each)."""
 
-    d: int
-    rows: int
+    buckets: jax.Array
+    signs: jax.Array
     cols: int
-    seed: int = 0
 
-    def hashes(self) -> tuple[jax.Array, jax.Array]:
-        """``(buckets [rows, d] int32, signs [rows, d] float32)``."""
-        bucket_key, sign_key = jax.random.split(jax.random.key(self.seed))
-        buckets = jax.random.randint(bucket_key, (self.rows, self.d), 0, self.cols, jnp.int32)
-        signs = jnp.where(jax.random.bernoulli(sign_key, 0.5, (self.rows, self.d)), 1.0, -1.0)
-        return buckets, signs.astype(jnp.float32)
+    @classmethod
+    def draw(cls, d: int, rows: int, cols: int, seed: int = 0) -> CountSketch:
+        """The hashes of ``d``-vectors, drawn from ``seed`` (shared by clients and server)."""
+        bucket_key, sign_key = jax.random.split(jax.random.key(seed))
+        buckets = jax.random.randint(bucket_key, (rows, d), 0, cols, jnp.int32)
+        signs = jnp.where(jax.random.bernoulli(sign_key, 0.5, (rows, d)), 1.0, -1.0)
+        return cls(buckets, signs.astype(jnp.float32), cols)
 
     def sketch(self, vector: jax.Array) -> jax.Array:
         """``S(vector)``: ``[rows, cols]``."""
-        buckets, signs = self.hashes()
         one_row = lambda b, s: jax.ops.segment_sum(s * vector, b, num_segments=self.cols)
-        return jax.vmap(one_row)(buckets, signs.astype(vector.dtype))
+        return jax.vmap(one_row)(self.buckets, self.signs.astype(vector.dtype))
 
     def estimate(self, table: jax.Array) -> jax.Array:
         """``U(table)``: every coordinate's median over rows of ``s_j(i) table[j, h_j(i)]``."""
-        buckets, signs = self.hashes()
-        values = jnp.take_along_axis(table, buckets, axis=1) * signs.astype(table.dtype)
+        values = jnp.take_along_axis(table, self.buckets, axis=1) * self.signs.astype(table.dtype)
         return jnp.median(values, axis=0)
 
     def touched(self, vector: jax.Array) -> jax.Array:
         """``[rows, cols]`` whether a nonzero coordinate of ``vector`` hashes to each bucket."""
-        buckets, _ = self.hashes()
         nonzero = (vector != 0).astype(jnp.int32)
         one_row = lambda b: jax.ops.segment_max(nonzero, b, num_segments=self.cols)
-        return jax.vmap(one_row)(buckets) > 0
+        return jax.vmap(one_row)(self.buckets) > 0
 
 
 def top_k(vector: jax.Array, k: int) -> jax.Array:
@@ -125,10 +124,6 @@ def fetchsgd(
         name="fetchsgd",
     )
 
-    def sketch_of(params: Params) -> CountSketch:
-        d = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
-        return CountSketch(d, rows, cols, seed)
-
     def server_init(params: Params, hyper: Hyper, num_clients: int) -> ServerState:
         del hyper, num_clients
         zeros = jnp.zeros((rows, cols), float_dtype(params))
@@ -139,10 +134,10 @@ def fetchsgd(
     ) -> ServerState:
         del key
         flat, unflatten = ravel_pytree(mean_update)
-        sketch = sketch_of(state.params)
+        sketch = CountSketch.draw(flat.size, rows, cols, seed)  # one draw a round, in the program
         momentum = hyper["fetch_momentum"] * state.momentum + sketch.sketch(flat)
         error = state.error + momentum
-        delta = top_k(sketch.estimate(error), max(1, math.ceil(k * sketch.d)))
+        delta = top_k(sketch.estimate(error), max(1, math.ceil(k * flat.size)))
         touched = sketch.touched(delta)  # the buckets S(Δ) writes to
         params = jax.tree.map(
             lambda p, u: p - hyper["server_lr"].astype(p.dtype) * u, state.params, unflatten(delta)
@@ -152,8 +147,7 @@ def fetchsgd(
         )
 
     def payload(params: Params) -> tuple[int, int]:
-        full = 4 * sketch_of(params).d
-        return full, 4 * rows * cols
+        return bytes_sent(identity(), params), 4 * rows * cols
 
     return dataclasses.replace(
         base,

@@ -1,7 +1,7 @@
 """FetchSGD (``algorithms/fetchsgd.py``) against numpy: the Count Sketch, its unsketch, and the
 server's momentum and error in sketch space over three rounds.
 
-Only the hash functions come from the engine (``CountSketch.hashes``, like a seed shared by
+Only the hash functions come from the engine (``CountSketch.draw``, like a seed shared by
 clients and server); sketching, estimating, top-k and the bucket zeroing are recomputed here.
 Integer-valued vectors make the sketch sums exact in any order (bitwise checks); the server's
 rounds use float updates and are compared at rtol 1e-6.
@@ -21,7 +21,8 @@ from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampling import uniform
 
-SKETCH = CountSketch(d=40, rows=3, cols=16, seed=5)
+D = 40
+SKETCH = CountSketch.draw(D, rows=3, cols=16, seed=5)
 
 
 def numpy_sketch(vector, buckets, signs, cols):
@@ -43,8 +44,8 @@ def numpy_top_k(vector, k):
 
 
 def test_sketch_and_estimate_equal_numpy():
-    vector = np.random.default_rng(0).integers(-9, 10, SKETCH.d).astype(np.float32)
-    buckets, signs = map(np.asarray, SKETCH.hashes())
+    vector = np.random.default_rng(0).integers(-9, 10, D).astype(np.float32)
+    buckets, signs = np.asarray(SKETCH.buckets), np.asarray(SKETCH.signs)
     table = numpy_sketch(vector, buckets, signs, SKETCH.cols)
     np.testing.assert_array_equal(SKETCH.sketch(jnp.asarray(vector)), table)
     np.testing.assert_array_equal(SKETCH.estimate(jnp.asarray(table, jnp.float32)),
@@ -52,9 +53,9 @@ def test_sketch_and_estimate_equal_numpy():
 
 
 def test_heavy_hitters_come_back_from_the_sketch():
-    vector = np.random.default_rng(1).normal(0, 0.01, SKETCH.d).astype(np.float32)
+    vector = np.random.default_rng(1).normal(0, 0.01, D).astype(np.float32)
     vector[[3, 17, 31]] = [5.0, -4.0, 6.0]
-    sketch = CountSketch(d=40, rows=5, cols=64, seed=5)  # room enough for three heavy hitters
+    sketch = CountSketch.draw(40, rows=5, cols=64, seed=5)  # room enough for three heavy hitters
     estimate = sketch.estimate(sketch.sketch(jnp.asarray(vector)))
     assert set(np.argsort(-np.abs(np.asarray(estimate)))[:3]) == {3, 17, 31}
 
@@ -65,7 +66,7 @@ def test_three_server_rounds_equal_numpy():
     params = {"w": jnp.zeros((8, 5), jnp.float32)}  # d = 40: the hashes of SKETCH
     hyper = algorithm.hyper()
     state = algorithm.server_init(params, hyper, 4)
-    buckets, signs = map(np.asarray, SKETCH.hashes())
+    buckets, signs = np.asarray(SKETCH.buckets), np.asarray(SKETCH.signs)
     x, s_u, s_e = np.zeros(40), np.zeros((rows, cols)), np.zeros((rows, cols))
     gen = np.random.default_rng(2)
     for _ in range(3):
