@@ -61,6 +61,9 @@ class ClientStats:
       trained: the train mask it used (pytree of 0/1 shaped like, or broadcastable to,
         the params), or None when it trained every parameter.
       finite: whether every value of its update is finite (set by ``cohort.run_cohort``).
+      staleness: int32 server versions between the model it trained from and the
+        model its update is applied to (0: fresh; set by the engine when a round
+        holds stale slots, ``fedjax_het.asynchronous``), or None in a synchronous round.
     """
 
     loss_sum: jax.Array
@@ -68,6 +71,7 @@ class ClientStats:
     steps: jax.Array
     trained: PyTree | None = None
     finite: jax.Array | None = None
+    staleness: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
