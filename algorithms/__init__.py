@@ -2,7 +2,9 @@
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.ditto import ditto
+from fedjax_het.algorithms.fedasync import fedasync
 from fedjax_het.algorithms.fedavg import fedadagrad, fedadam, fedavg, fedavgm, fedyogi
+from fedjax_het.algorithms.fedbuff import fedbuff
 from fedjax_het.algorithms.feddyn import feddyn
 from fedjax_het.algorithms.fednova import fednova
 from fedjax_het.algorithms.fedprox import fedprox
@@ -16,8 +18,10 @@ __all__ = [
     "ditto",
     "fedadagrad",
     "fedadam",
+    "fedasync",
     "fedavg",
     "fedavgm",
+    "fedbuff",
     "feddyn",
     "fednova",
     "fedper",

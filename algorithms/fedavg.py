@@ -62,6 +62,7 @@ def fedavg(
     client_start: Callable[..., tuple[Params, PyTree]] = start_from_broadcast,
     client_finalize: Callable[..., tuple[PyTree, PyTree]] = delta_update,
     personal_params: Callable[[ServerState, PyTree], Params] | None = None,
+    update_base: str = "start",
     name: str = "fedavg",
 ) -> FederatedAlgorithm:
     """FedAvg with pluggable client and server optimizers, local objective and aggregation.
@@ -81,6 +82,8 @@ def fedavg(
       client_init, client_start, client_finalize, personal_params: the client-side
         hooks of ``FederatedAlgorithm`` (defaults: no client state, start from the
         global model, send ``start - params``, no personal model).
+      update_base: what a stale slot's update is measured against
+        (``FederatedAlgorithm.update_base``).
       name: registry name reported in logs.
 
     Returns:
@@ -123,6 +126,7 @@ def fedavg(
         hyper_ranges=(
             client_optimizer.hyper_ranges + server_optimizer.hyper_ranges + hyper_ranges
         ),
+        update_base=update_base,
     )
 
 

@@ -92,7 +92,7 @@ class Aggregator:
     finalize: Callable[[PyTree], Update]
 
 
-def _kept(weight: jax.Array, value: jax.Array) -> jax.Array:
+def weighted_or_zero(weight: jax.Array, value: jax.Array) -> jax.Array:
     """``weight * value``, exactly 0 where the weight is 0 (``where``, so NaN cannot leak)."""
     return jnp.where(weight > 0, weight.astype(value.dtype) * value, 0)
 
@@ -102,7 +102,8 @@ def weighted_mean() -> Aggregator:
 
     def contribute(update: Update, weight: jax.Array, stats: ClientStats) -> PyTree:
         del stats
-        return jax.tree.map(lambda u: _kept(weight, u), update), _kept(weight, jnp.float32(1))
+        weighted = jax.tree.map(lambda u: weighted_or_zero(weight, u), update)
+        return weighted, weighted_or_zero(weight, jnp.float32(1))
 
     def finalize(sums: PyTree) -> Update:
         weighted, total = sums
@@ -125,8 +126,8 @@ def masked_mean() -> Aggregator:
         mask = stats.trained
         if mask is None:
             mask = jax.tree.map(lambda u: jnp.ones((), u.dtype), update)
-        weighted = jax.tree.map(lambda u, m: _kept(weight, m * u), update, mask)
-        counts = jax.tree.map(lambda u, m: _kept(weight, jnp.broadcast_to(m, u.shape)), update, mask)
+        weighted = jax.tree.map(lambda u, m: weighted_or_zero(weight, m * u), update, mask)
+        counts = jax.tree.map(lambda u, m: weighted_or_zero(weight, jnp.broadcast_to(m, u.shape)), update, mask)
         return weighted, counts
 
     def finalize(sums: PyTree) -> Update:
@@ -278,6 +279,7 @@ class Interval:
         return f"{left}{self.low:g}, {self.high:g}{right}"
 
 
+UPDATE_BASES = ("start", "current")
 POSITIVE = Interval(0.0, closed_low=False)
 NON_NEGATIVE = Interval(0.0)
 UNIT = Interval(0.0, 1.0)
@@ -325,6 +327,12 @@ class FederatedAlgorithm:
         take, checked (defaults included, when the algorithm is built) by
         ``check_hyper`` before anything compiles. Every hyperparameter must be
         finite, whether or not it has a range.
+      update_base: what a slot that trained from an older model version (an
+        asynchronous server, stale tasks) measures its update against: "start",
+        its own starting model (FedBuff's buffered deltas), or "current", the
+        server's model when the update is applied, ``u + (x_now - x_start)``
+        (FedAsync's mixing of models; needs a broadcast that is the params).
+        Fresh slots are the same either way.
     """
 
     name: str
@@ -345,8 +353,13 @@ class FederatedAlgorithm:
     payload: Callable[[Params], tuple[int, int]] | None = None
     report: Callable[[dict[str, float], int, int], dict] | None = None
     hyper_ranges: tuple[tuple[str, Interval], ...] = ()
+    update_base: str = "start"
 
     def __post_init__(self):
+        if self.update_base not in UPDATE_BASES:
+            raise ValueError(
+                f"{self.name}: update_base must be one of {UPDATE_BASES}, got {self.update_base!r}"
+            )
         names = {name for name, _ in self.hyper_defaults}
         stray = sorted({name for name, _ in self.hyper_ranges} - names)
         if stray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, 
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
 from fedjax_het.system.schedule import OK, Schedule
-from fedjax_het.typing import ClientState, Hyper, PRNGKey, ServerState
+from fedjax_het.typing import ClientState, Hyper, PRNGKey, PyTree, ServerState
 
 
 @struct.dataclass
@@ -37,6 +38,7 @@ class RunState:
 
     server_state: ServerState
     client_states: ClientState  # as the round's store holds them: [num_clients, ...] or HostRows
+    ring: PyTree | None = None  # [ring_depth, ...] broadcasts of recent versions (Round.ring_depth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Round:
     store: ClientStore = ON_DEVICE
     mesh: Mesh | None = None  # shard the cohort over these devices (cohort.run_cohort)
     drop_nonfinite: bool = False  # non-finite updates enter at weight 0 (cohort.run_cohort)
+    ring_depth: int = 0  # > 0: slots train from the plan's versions, kept in RunState.ring
 
     def cohort(
         self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey, plan: Schedule | None = None
@@ -73,11 +76,13 @@ class Round:
             step_limit = jnp.where(counts, plan.steps_done, 0)
         size = train.count[ids].astype(jnp.float32)
         weight = size if self.weighting == "examples" else jnp.ones_like(size)
+        task = getattr(plan, "task", None)  # an asynchronous plan names each slot's task
+        if task is None:
+            keys = rng.client_keys(key, round_idx, "train", ids)
+        else:
+            keys = jax.vmap(lambda t, k: rng.client_keys(key, t, "train", k[None])[0])(task, ids)
         tasks = ClientTask(
-            client_id=ids,
-            weight=jnp.where(counts, weight, 0.0),
-            step_limit=step_limit,
-            key=rng.client_keys(key, round_idx, "train", ids),
+            client_id=ids, weight=jnp.where(counts, weight, 0.0), step_limit=step_limit, key=keys
         )
         return ids, tasks
 
@@ -92,27 +97,43 @@ class Round:
     ) -> tuple[RunState, dict[str, jax.Array]]:
         """One round: ``(state, round) -> (state, per-round metrics)``."""
         ids, tasks = self.cohort(round_idx, train, key, plan)
+        version = None if plan is None or not self.ring_depth else plan.version
         state, _, metrics = self.train_cohort(
-            state, ids, tasks, hyper, train, server_stream(key, round_idx)
+            state, ids, tasks, hyper, train, server_stream(key, round_idx),
+            stale=None if version is None else (round_idx, version),
         )
+        if self.ring_depth:
+            state = state.replace(ring=push(state.ring, round_idx + 1, self.algorithm.broadcast(
+                state.server_state)))
         return state, metrics
 
     def train_cohort(
         self, state: RunState, ids: jax.Array, tasks: ClientTask, hyper: Hyper, train: DeviceSplit,
-        server_key: PRNGKey | None = None,
+        server_key: PRNGKey | None = None, stale: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[RunState, ClientStats, dict[str, jax.Array]]:
         """Trains the slots ``tasks`` (clients ``ids``), aggregates and updates the server
         (with ``server_key``, ``server_stream(key, round)``, for its randomness).
+
+        ``stale = (round_idx, version [m])``: each slot trains from the broadcast of
+        its version, held in ``state.ring``, and reports its staleness
+        ``round_idx - version`` (``stale_client_fn``). None: every slot trains from
+        the current broadcast.
 
         Returns the new state, every slot's ``ClientStats`` and the round's
         metrics (with the algorithm's ``server_metrics``).
         """
         algorithm = self.algorithm
         broadcast = algorithm.broadcast(state.server_state)
-        client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
         cohort_states = self.store.gather(state.client_states, ids)
+        if stale is None:
+            client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
+            inputs = cohort_states
+        else:
+            round_idx, version = stale
+            client_fn = stale_client_fn(self.spec, hyper, state.ring, broadcast, train)
+            inputs = (cohort_states, version % self.ring_depth, round_idx - version)
         sums, new_states, stats = run_cohort(
-            client_fn, cohort_states, tasks, algorithm.aggregator, chunk=self.chunk,
+            client_fn, inputs, tasks, algorithm.aggregator, chunk=self.chunk,
             mesh=self.mesh, drop_nonfinite=self.drop_nonfinite,
         )
         server_state = algorithm.server_update(
@@ -129,9 +150,49 @@ class Round:
             "examples": examples,
             "nonfinite_updates": jnp.sum(nonfinite).astype(jnp.int32),
         }
+        if stale is not None:
+            counted_staleness = jnp.where(counted, stats.staleness, 0)
+            metrics["staleness_mean"] = jnp.sum(counted_staleness) / jnp.maximum(
+                metrics["participants"], 1)
+            metrics["staleness_max"] = jnp.max(counted_staleness)
         if algorithm.server_metrics is not None:
             metrics.update(algorithm.server_metrics(server_state))
-        return RunState(server_state, client_states), stats, metrics
+        return RunState(server_state, client_states, state.ring), stats, metrics
+
+
+def stale_client_fn(
+    spec: LocalSpec, hyper: Hyper, ring: PyTree, current: PyTree, train: DeviceSplit
+) -> Callable:
+    """One slot's round when slots train from different model versions.
+
+    The returned ``((client_state, ring_position, staleness), task) -> (update,
+    client_state, stats)`` trains from ``ring[ring_position]`` (gathered inside
+    the chunk's ``vmap``, so memory stays ``chunk x params``) and sets
+    ``stats.staleness``. With the algorithm's ``update_base == "current"`` the
+    update is measured against ``current`` (the server's model now) instead of
+    the slot's own start: ``u + (current - start)`` (FedAsync's mixing of models).
+    """
+    relative_to_current = spec.algorithm.update_base == "current"
+
+    def one(inputs, task):
+        client_state, position, staleness = inputs
+        start = jax.tree.map(lambda r: r[position], ring)
+        update, client_state, stats = local_update(spec, hyper, start, client_state, task, data=train)
+        if relative_to_current:
+            update = jax.tree.map(lambda u, c, s: u + (c - s).astype(u.dtype), update, current, start)
+        return update, client_state, stats.replace(staleness=staleness)
+
+    return one
+
+
+def new_ring(broadcast: PyTree, depth: int) -> PyTree:
+    """A ring of ``depth`` copies of ``broadcast`` (every version before the first is version 0)."""
+    return jax.tree.map(lambda b: jnp.broadcast_to(b, (depth, *jnp.shape(b))), broadcast)
+
+
+def push(ring: PyTree, version: jax.Array, broadcast: PyTree) -> PyTree:
+    """``ring`` with ``broadcast`` as version ``version`` (position ``version % depth``)."""
+    return jax.tree.map(lambda r, b: r.at[version % r.shape[0]].set(b), ring, broadcast)
 
 
 def device_split(split: ClientArrays) -> DeviceSplit:
@@ -152,9 +213,12 @@ def server_stream(key: PRNGKey, round_idx: jax.Array) -> PRNGKey:
 
 def init_state(
     model: Model, algorithm: FederatedAlgorithm, num_clients: int, hyper: Hyper, key: PRNGKey,
-    store: ClientStore = ON_DEVICE,
+    store: ClientStore = ON_DEVICE, ring_depth: int = 0,
 ) -> RunState:
-    """Initial global model from ``stream(key, "init")`` and every client's initial state."""
+    """Initial global model from ``stream(key, "init")``, every client's initial state and,
+    with ``ring_depth``, the ring of recent broadcasts (all version 0)."""
     params = model.init(rng.stream(key, "init"))
     client_states = store.init(algorithm.client_init(params), num_clients)
-    return RunState(algorithm.server_init(params, hyper, num_clients), client_states)
+    server_state = algorithm.server_init(params, hyper, num_clients)
+    ring = new_ring(algorithm.broadcast(server_state), ring_depth) if ring_depth else None
+    return RunState(server_state, client_states, ring)
