@@ -1,6 +1,7 @@
 """Federated learning algorithms, one module each (``fedjax_het.algorithms``)."""
 
 from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.biasprompt import biasprompt_plus
 from fedjax_het.algorithms.ditto import ditto
 from fedjax_het.algorithms.fedasync import fedasync
 from fedjax_het.algorithms.fedavg import fedadagrad, fedadam, fedavg, fedavgm, fedyogi
@@ -9,12 +10,15 @@ from fedjax_het.algorithms.feddyn import feddyn
 from fedjax_het.algorithms.fednova import fednova
 from fedjax_het.algorithms.fedprox import fedprox
 from fedjax_het.algorithms.fetchsgd import fetchsgd
+from fedjax_het.algorithms.freezefl import freezefl
 from fedjax_het.algorithms.ifca import ifca
 from fedjax_het.algorithms.personal_layers import fedper, fedrep
 from fedjax_het.algorithms.qffl import qffl
 from fedjax_het.algorithms.scaffold import scaffold
+from fedjax_het.algorithms.timelyfl import timelyfl
 
 __all__ = [
+    "biasprompt_plus",
     "ditto",
     "fedadagrad",
     "fedadam",
@@ -29,8 +33,10 @@ __all__ = [
     "fedrep",
     "fedyogi",
     "fetchsgd",
+    "freezefl",
     "ifca",
     "optimizers",
     "qffl",
     "scaffold",
+    "timelyfl",
 ]
