@@ -207,6 +207,12 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
         f"per-client mean {s['client_accuracy_mean']:.4f}, worst {s['client_accuracy_min']:.4f}; "
         f"{s['rounds']} rounds in {s['wall_s']:.1f} s; results in {history.out_dir}"
     )
+    if "staleness_histogram" in s:
+        print(
+            f"asynchronous server: {s['applied']} updates applied, {s['discarded']} discarded as "
+            f"too stale, {s['dropped']} tasks failed; staleness histogram "
+            f"{s['staleness_histogram']}; {s['virtual_s'] / 3600:.2f} virtual hours"
+        )
     if "privacy" in s:
         p = s["privacy"]
         print(

@@ -95,7 +95,7 @@ from fedjax_het.data.federated import FederatedData
 from fedjax_het.divergence import NONFINITE
 from fedjax_het.local import PRECISIONS
 from fedjax_het.sampler import Sampler
-from fedjax_het.system import setup
+from fedjax_het.system import events, setup
 from fedjax_het.system.policy import RoundPolicy, num_selected
 
 
@@ -122,6 +122,7 @@ DEFAULTS: dict[str, Any] = {
     "system": {},
     "policy": {},
     "selection": {},
+    "server": {},
     "compression": {},
     "privacy": {},
     "distributed": {},
@@ -153,6 +154,7 @@ class Experiment:
     config: dict[str, Any]
     system: setup.System | None = None
     select: Callable | None = None
+    server: events.AsyncServer | None = None
 
     def run_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`fedjax_het.simulate.run` this config asks for."""
@@ -174,6 +176,7 @@ class Experiment:
             "checkpoint_every": engine["checkpoint_every"],
             "system": self.system,
             "select": self.select,
+            "server": self.server,
         }
 
 
@@ -311,6 +314,7 @@ def schema(config: Mapping[str, Any]) -> dict[str, Any]:
         keys.update({f"{table}.{k}": v for k, v in typing.get_type_hints(cls).items()})
     add("system", setup.profiles_from_options, ("num_clients",))
     add("policy", setup.policy_from_options)
+    add("server", events.server_from_options, ("start", "on_unavailable"))
     add("compression", compression.from_options)
     add("privacy", privacy.options)
     if config.get("selection"):
@@ -374,6 +378,7 @@ def build(config: Mapping[str, Any]) -> Experiment:
             "(and [policy]) table"
         )
     selection = _selection_options(config, has_system=system_options is not None)
+    server = _server_options(config, system_options, algorithm, selection is not None)
 
     # Every key is checked: from here on, only what needs the data itself.
     data = _build_data(dataset, data_args, partition, skew, config["data"].get("num_clients"))
@@ -381,6 +386,11 @@ def build(config: Mapping[str, Any]) -> Experiment:
         raise ConfigError(
             f"sampler.clients_per_round must be between 1 and the {data.num_clients} clients of "
             f"the data, got {cohort}"
+        )
+    if server is not None and server.concurrency > data.num_clients:
+        raise ConfigError(
+            f"server.concurrency must be at most the {data.num_clients} clients of the data, got "
+            f"{server.concurrency}"
         )
     if private is not None and private["target_epsilon"] > 0:
         config["rounds"] = _rounds_within_budget(private, config["rounds"], cohort, data.num_clients)
@@ -397,7 +407,7 @@ def build(config: Mapping[str, Any]) -> Experiment:
         factory, args = selection
         slots = min(int(num_selected(cohort, system.policy.over_commit)), data.num_clients)
         select = _guarded("selection", lambda: factory(data.num_clients, slots, **args))
-    return Experiment(data, model, algorithm, sampler, work, hyper, config, system, select)
+    return Experiment(data, model, algorithm, sampler, work, hyper, config, system, select, server)
 
 
 def _rounds_within_budget(private: dict[str, float], rounds: int, cohort: int, clients: int) -> int:
@@ -461,6 +471,37 @@ def _selection_options(config: dict[str, Any], *, has_system: bool) -> tuple[Cal
     args = _arguments("selection", factory, table, skip)
     config["selection"] = {"name": name, **_resolved(args, factory, skip)}
     return factory, args
+
+
+def _server_options(
+    config: dict[str, Any], system: tuple[dict[str, Any], RoundPolicy] | None,
+    algorithm: FederatedAlgorithm, learned_selection: bool,
+) -> events.AsyncServer | None:
+    """The optional [server] table, checked: an asynchronous server (with its trace start and
+    unavailability rule from the [policy]), or None for the synchronous one."""
+    skip = ("start", "on_unavailable")
+    table = dict(config.get("server") or {})
+    if not table:
+        config.pop("server", None)
+        return None
+    args = _arguments("server", events.server_from_options, table, skip)
+    config["server"] = _resolved(args, events.server_from_options, skip)
+    if config["server"]["mode"] == "sync":
+        return _guarded("server", lambda: events.server_from_options(**args))
+    if system is None:
+        raise ConfigError("server.mode = 'async' runs on device timings: it needs a [system] "
+                          "(and [policy]) table")
+    if learned_selection or algorithm.freezing is not None:
+        raise ConfigError(
+            "server.mode = 'async' takes neither a [selection] nor an algorithm that freezes by "
+            f"device timing ({algorithm.name}); run them with server.mode = 'sync'"
+        )
+    policy = system[1]
+    if policy.max_staleness:
+        raise ConfigError("policy.max_staleness (stale tasks of the synchronous server) and "
+                          "server.mode = 'async' do not combine; use server.max_staleness")
+    return _guarded("server", lambda: events.server_from_options(
+        **args, start=float(policy.start), on_unavailable=policy.on_unavailable))
 
 
 def _system_options(config: dict[str, Any]) -> tuple[dict[str, Any], RoundPolicy] | None:

@@ -16,7 +16,7 @@ each compiled once. Partitions do not stack: local batches are drawn over the
 largest client's row count (``batching.batch_indices``), so a padded store
 would change what each client draws. Configs a sweep cannot run (a learned
 ``[selection]``, an algorithm that freezes layers in the loop, host client
-states) run cell by cell with ``simulate.run``.
+states, an asynchronous ``[server]``) run cell by cell with ``simulate.run``.
 
 Results (``run``): one run directory per cell, ``cell-000/`` and on, with the
 cell's resolved ``config.toml`` (``fedjax-het run cell-000/config.toml``
@@ -213,7 +213,7 @@ def _sweepable(experiment: Experiment) -> bool:
     """Whether ``sweep`` can run the config (else ``simulate.run`` runs it alone)."""
     return (
         experiment.select is None and experiment.algorithm.freezing is None
-        and experiment.config["engine"]["client_state"] != "host"
+        and experiment.config["engine"]["client_state"] != "host" and experiment.server is None
     )
 
 
@@ -298,7 +298,7 @@ def run(
         dirs = [out / f"cell-{i:03d}" for i in program.cells]
         if program.swept:
             kwargs = exp.run_kwargs()
-            for key in ("seed", "hyper", "system", "select"):
+            for key in ("seed", "hyper", "system", "select", "server"):
                 kwargs.pop(key)
             cells = [grid.cells[i] for i in program.cells]
             done = sweep(

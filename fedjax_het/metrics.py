@@ -113,7 +113,8 @@ def time_to_accuracy(
     evaluations: Sequence[Mapping[str, Any]], targets: Sequence[float]
 ) -> dict[str, dict[str, float] | None]:
     """For each target test accuracy, the first evaluation reaching it: its round, virtual
-    time (``virtual_s``, when the run had a system) and wall time; None if never reached.
+    time and bytes moved (``virtual_s``, ``bytes_down``, ``bytes_up``, when the run had a
+    system) and wall time; None if never reached.
 
     Rounds-to-accuracy and time-to-accuracy side by side: under deadlines and
     stragglers the two rank settings differently (FLHetBench §4.1).
@@ -122,7 +123,8 @@ def time_to_accuracy(
     for target in targets:
         hit = next((e for e in evaluations if e["test_accuracy"] >= target), None)
         out[f"{target:g}"] = None if hit is None else {
-            key: hit[key] for key in ("round", "virtual_s", "wall_s") if key in hit
+            key: hit[key]
+            for key in ("round", "virtual_s", "wall_s", "bytes_down", "bytes_up") if key in hit
         }
     return out
 
@@ -198,3 +200,82 @@ def schedule_accounting(plans, spec, count: np.ndarray, num_clients: int) -> Sch
     participation = np.asarray(participation_counts(s, num_clients))
     return ScheduleAccounting(per_round, participation)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class EventAccounting:
+    """What an asynchronous run's events cost (``system.events.EventSchedule``; numpy, host side).
+
+    The same interface as ``ScheduleAccounting``, per server event instead of per round.
+
+    Attributes:
+      per_round: ``[E]`` arrays: ``duration_s``, ``clock_s`` (virtual seconds since the run
+        started), ``applied`` (updates aggregated), ``discarded`` (too stale), ``dropped``
+        (tasks that failed), ``dispatched``, ``in_flight`` (concurrency just after the event),
+        ``staleness_mean``, ``bytes_down``, ``bytes_up`` and ``examples_processed`` (by the
+        applied updates; the work of discarded and failed tasks is in their counts).
+      participation: ``[N]`` updates of each client that were applied.
+      staleness: ``[max_staleness + 1]`` histogram of the applied updates' staleness.
+    """
+
+    per_round: dict[str, np.ndarray]
+    participation: np.ndarray
+    staleness: np.ndarray
+
+    def upto(self, done: int) -> dict[str, Any]:
+        """Cumulative figures after ``done`` events, for one ``metrics.jsonl`` line."""
+        r = self.per_round
+        return {
+            "virtual_s": float(r["clock_s"][done - 1]) if done else 0.0,
+            **{k: int(r[k][:done].sum()) for k in ("applied", "discarded", "dropped", "dispatched")},
+            "in_flight": int(r["in_flight"][done - 1]) if done else 0,
+            "bytes_down": float(r["bytes_down"][:done].sum()),
+            "bytes_up": float(r["bytes_up"][:done].sum()),
+            "examples_processed": float(r["examples_processed"][:done].sum()),
+        }
+
+    def totals(self) -> dict[str, Any]:
+        """Whole-run figures for ``summary.json``."""
+        r = self.per_round
+        final = self.upto(len(r["clock_s"]))
+        applied = max(final["applied"], 1)
+        return {
+            **final,
+            "discarded_share": final["discarded"] / max(final["applied"] + final["discarded"], 1),
+            "mean_in_flight": float(np.mean(r["in_flight"])) if len(r["in_flight"]) else 0.0,
+            "staleness_histogram": self.staleness.tolist(),
+            "staleness_mean": float(np.arange(len(self.staleness)) @ self.staleness) / applied,
+            "stalled_events": int(np.sum(r["applied"] == 0)),
+            "participation_gini": gini(self.participation),
+            "clients_never_participated": int(np.sum(self.participation == 0)),
+        }
+
+
+def event_accounting(plans, spec, count: np.ndarray, num_clients: int, max_staleness: int
+                     ) -> EventAccounting:
+    """Accounts a ``system.events.EventSchedule`` of a run with local work ``spec.work``."""
+    s = jax.device_get(plans)
+    valid = np.asarray(s.valid)
+    need = np.asarray(spec.work.examples_to_process(jnp.asarray(count, jnp.int32)))
+    selected = np.asarray(s.selected)
+    processed = np.where(
+        valid, np.minimum(np.asarray(s.steps_done) * spec.work.batch_size, need[selected]), 0
+    )
+    tau = np.where(valid, np.arange(valid.shape[0])[:, None] - np.asarray(s.version), 0)
+    applied = valid.sum(axis=1)
+    per_round = {
+        "duration_s": np.asarray(s.duration, np.float64),
+        "clock_s": np.asarray(s.clock, np.float64) - float(np.asarray(s.start)[0]),
+        "applied": applied,
+        "discarded": np.asarray(s.discarded),
+        "dropped": np.asarray(s.dropped),
+        "dispatched": np.asarray(s.dispatched),
+        "in_flight": np.asarray(s.in_flight),
+        "staleness_mean": tau.sum(axis=1) / np.maximum(applied, 1),
+        "bytes_down": np.asarray(s.bytes_down, np.float64),
+        "bytes_up": np.asarray(s.bytes_up, np.float64),
+        "examples_processed": processed.sum(axis=1).astype(np.float64),
+    }
+    histogram = np.bincount(tau[valid], minlength=max_staleness + 1)
+    participation = np.asarray(participation_counts(s, num_clients))
+    return EventAccounting(per_round, participation, histogram)

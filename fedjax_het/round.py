@@ -76,10 +76,10 @@ class Round:
             step_limit = jnp.where(counts, plan.steps_done, 0)
         size = train.count[ids].astype(jnp.float32)
         weight = size if self.weighting == "examples" else jnp.ones_like(size)
-        task = getattr(plan, "task", None)  # an asynchronous plan names each slot's task
-        if task is None:
+        if plan is None:
             keys = rng.client_keys(key, round_idx, "train", ids)
-        else:
+        else:  # the round a slot's task started in (a stale task's), or an async plan's task
+            task = getattr(plan, "task", plan.version)
             keys = jax.vmap(lambda t, k: rng.client_keys(key, t, "train", k[None])[0])(task, ids)
         tasks = ClientTask(
             client_id=ids, weight=jnp.where(counts, weight, 0.0), step_limit=step_limit, key=keys

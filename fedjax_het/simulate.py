@@ -40,6 +40,7 @@ from fedjax_het.divergence import NONFINITE, Diverged, Divergence, first_diverge
 from fedjax_het.local import DeviceSplit, LocalSpec, hyper_dtype, run_model
 from fedjax_het.metrics import (
     ScheduleAccounting,
+    event_accounting,
     client_accuracy_summary,
     evaluate,
     evaluate_personal,
@@ -49,6 +50,7 @@ from fedjax_het.metrics import (
 from fedjax_het.models import Model
 from fedjax_het.round import Round, RunState, device_split, init_state
 from fedjax_het.sampler import LearnedSelect, Sampler
+from fedjax_het.system import events as event_schedule
 from fedjax_het.system import schedule as scheduling
 from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.policy import num_selected
@@ -163,6 +165,43 @@ def plan_runs(
     return jax.jit(batched)(profiles, policy, keys)
 
 
+def plan_events(
+    system: System, data: FederatedData, spec: LocalSpec, server: event_schedule.AsyncServer, *,
+    events: int, key: PRNGKey,
+) -> event_schedule.EventSchedule:
+    """The arrivals of an asynchronous run's ``events`` server events, before any training.
+
+    Payload: every parameter, as stored, both ways (as ``plan_run``); the
+    system's profiles give every task's timing (its policy is not used: the
+    server has none of rounds, deadlines or over-commitment).
+    """
+    if system.profiles.num_clients != data.num_clients:
+        raise ValueError(
+            f"system profiles describe {system.profiles.num_clients} clients but the data has "
+            f"{data.num_clients}"
+        )
+    if server.concurrency > data.num_clients:
+        raise ValueError(
+            f"concurrency ({server.concurrency}) must not exceed the number of clients "
+            f"({data.num_clients})"
+        )
+    down, up = online.payload_bytes(spec.algorithm, jax.eval_shape(spec.model.init, key))
+    make = functools.partial(
+        event_schedule.async_schedule, events=events, payload_down=down, payload_up=up,
+        steps_needed=jnp.asarray(steps_needed(spec, data.train.count)),
+    )
+    return jax.jit(make)(system.profiles, server, key=key)
+
+
+def ring_depth(system: System | None, server: event_schedule.AsyncServer | None) -> int:
+    """Model versions a run keeps for slots that train from older ones: the asynchronous
+    server's, or ``max_staleness + 1`` for a policy with stale tasks; 0 for neither."""
+    if server is not None:
+        return server.ring_depth
+    staleness = 0 if system is None else system.policy.max_staleness
+    return staleness + 1 if staleness else 0
+
+
 def selection_slots(system: System, sampler: Sampler, num_clients: int) -> int | None:
     """None to select with ``sampler``, else the slots of uniform selection among the ready."""
     m = sampler.cohort_size
@@ -215,6 +254,7 @@ class Setup:
         chunk: int | None, unroll: int, weighting: str, eval_batch_size: int,
         client_state: str = "auto", slots: int | None = None, runs: int = 1,
         precision: str = "float32", devices: int | None = None, nonfinite: str = "stop",
+        ring_depth: int = 0,
     ) -> Setup:
         """Checks the arguments ``run`` and ``sweep`` share and builds the round.
 
@@ -222,7 +262,8 @@ class Setup:
         anything compiles (``client_store.plan_client_state``, ``memory.plan_chunk``;
         a round that cannot fit is refused with one line): ``slots`` (default: the
         cohort size) clients a round at most, ``runs`` runs held at once, each
-        device running its share of the slots.
+        device running its share of the slots. ``ring_depth`` > 0 keeps that many recent
+        broadcasts for slots that train from older versions (``Round.ring_depth``).
         """
         if sampler.num_clients != data.num_clients:
             raise ValueError(
@@ -249,6 +290,11 @@ class Setup:
         hyper_ = algorithm.hyper(hyper, dtype=hyper_dtype(precision))
         train, test = device_split(data.train), device_split(data.test)
         on_device = state_plan.device_bytes // num_devices if state_plan.placement == "device" else 0
+        if ring_depth:
+            params = jax.eval_shape(model.init, jax.random.key(0))
+            ring = jax.eval_shape(algorithm.broadcast, jax.eval_shape(
+                lambda p: algorithm.server_init(p, hyper_, data.num_clients), params))
+            on_device += ring_depth * client_store.tree_bytes(ring)
         chunk_plan = memory.plan_chunk(
             spec, hyper_, train, num_clients=data.num_clients,
             cohort=-(-(slots or sampler.cohort_size) // num_devices), runs=runs, chunk=chunk,
@@ -257,6 +303,7 @@ class Setup:
         round_ = Round(
             model, algorithm, sampler, spec, chunk=chunk_plan.chunk, weighting=weighting,
             store=state_plan.store(mesh), mesh=mesh, drop_nonfinite=nonfinite == "drop",
+            ring_depth=ring_depth,
         )
         return cls(
             data, round_, hyper_, train, test, jnp.asarray(data.test.client_ids), eval_batch_size,
@@ -271,7 +318,8 @@ class Setup:
         """
         r = self.round
         init = functools.partial(
-            init_state, r.model, r.algorithm, self.data.num_clients, store=r.store
+            init_state, r.model, r.algorithm, self.data.num_clients, store=r.store,
+            ring_depth=r.ring_depth,
         )
         init = jax.vmap(init) if cells else init
         return self.on_mesh(jax.jit(init)(self._hyper(key, cells, hyper), key))
@@ -624,6 +672,7 @@ def run(
     checkpoint_every: int = 0,
     resume: bool = False,
     overwrite: bool = False,
+    server: event_schedule.AsyncServer | None = None,
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -687,6 +736,11 @@ def run(
         or the checkpoint's arrays do not fit this run.
       overwrite: write into an ``out_dir`` that already holds files (refused otherwise,
         ``results.OutDirError``).
+      server: an asynchronous server (``system.events.async_server``; needs a ``system``):
+        ``rounds`` are then server events, each aggregating the server's ``buffer_size``
+        arrivals, each trained from the model version it downloaded (``plan_events``, a ring
+        of ``max_staleness + 1`` recent models). The metrics add applied, discarded and
+        dropped updates, concurrency and staleness (``metrics.EventAccounting``).
 
     Returns:
       A :class:`History`.
@@ -698,13 +752,24 @@ def run(
       NotWritten: some result files could not be written (``results.NotWritten``).
     """
     slots = None  # clients a round writes at most: the cohort, or its over-committed slots
-    if system is not None:
+    if server is not None:
+        if system is None:
+            raise ValueError("an asynchronous server runs on device timings; give run a system")
+        if select is not None or algorithm.freezing is not None:
+            raise ValueError(
+                "an asynchronous server takes neither a learned select nor an algorithm that "
+                f"freezes by device timing ({algorithm.name}); run them with a synchronous server"
+            )
+        slots = server.buffer_size
+    elif system is not None:
         slots = int(num_selected(sampler.cohort_size, system.policy.over_commit))
+        slots += sampler.cohort_size if system.policy.max_staleness else 0  # stale arrivals
     setup = Setup.build(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
         eval_batch_size=eval_batch_size, client_state=client_state, slots=slots,
         precision=precision, devices=devices, nonfinite=nonfinite,
+        ring_depth=ring_depth(system, server),
     )
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
@@ -723,6 +788,9 @@ def run(
     )
     resumed = load_checkpoint(out_dir, [recorder]) if resume else None
     if select is not None or algorithm.freezing is not None:
+        if system is not None and system.policy.max_staleness:
+            raise ValueError("stale tasks (policy.max_staleness) run with a schedule computed "
+                             "before training: not with a learned select or in-round freezing")
         if system is None:
             raise ValueError(
                 f"a learned select and {algorithm.name}'s freezing choose from device timings; "
@@ -732,7 +800,12 @@ def run(
                                  resumed)
     else:
         plans = None
-        if system is not None:
+        if server is not None:
+            plans = plan_events(system, data, setup.round.spec, server, events=rounds, key=key)
+            recorder.accounting = event_accounting(
+                plans, setup.round.spec, data.train.count, data.num_clients, server.max_staleness
+            )
+        elif system is not None:
             plans = plan_run(system, data, setup.round.spec, sampler, rounds=rounds, key=key)
             recorder.accounting = schedule_accounting(
                 plans, setup.round.spec, data.train.count, data.num_clients

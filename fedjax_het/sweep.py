@@ -55,7 +55,7 @@ from fedjax_het.local import hyper_dtype, run_model
 from fedjax_het.metrics import schedule_accounting
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
-from fedjax_het.simulate import History, Recorder, Setup, plan_runs, train_loop
+from fedjax_het.simulate import History, Recorder, Setup, plan_runs, ring_depth, train_loop
 from fedjax_het.system.setup import System
 from fedjax_het.typing import Hyper, PyTree
 
@@ -172,11 +172,12 @@ def sweep(
     at_once = min(at_once, len(cells))
     batch = cell_batch or (1 if jax.default_backend() == "cpu" else at_once)
     batch = None if batch >= at_once else batch
+    depth = ring_depth(cells[0].system, None)
     setup = Setup.build(
         data, model, algorithm, sampler, rounds=rounds, work=work, hyper=hyper,
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
         eval_batch_size=eval_batch_size, client_state="device", runs=at_once,
-        precision=precision, devices=devices, nonfinite=nonfinite,
+        precision=precision, devices=devices, nonfinite=nonfinite, ring_depth=depth,
     )
     keys = jnp.stack([rng.seed_key(cell.seed) for cell in cells])
     plans, accountings = None, [None] * len(cells)

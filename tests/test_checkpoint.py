@@ -96,6 +96,11 @@ CASES = {
     "scaffold_device_states": ('algorithm.name="scaffold"', 'engine.client_state="device"'),
     "power_of_choice_online": (*DEADLINE, 'selection.name="power_of_choice"',
                                "selection.candidates=6"),
+    "fedbuff_async": ('algorithm.name="fedbuff"', 'system.devices="lognormal"',
+                      "system.dropout=0.2", 'server.mode="async"', "server.concurrency=5",
+                      "server.buffer_size=3", "server.max_staleness=2"),
+    "biasprompt_stale_tasks": ('algorithm.name="biasprompt_plus"', *DEADLINE[:-1],
+                               "policy.deadline=0.5", "policy.max_staleness=2"),
 }
 
 

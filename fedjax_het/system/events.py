@@ -85,6 +85,24 @@ class AsyncServer:
         return self.max_staleness + 1
 
 
+MODES = ("sync", "async")
+
+
+def server_from_options(
+    *, mode: str = "sync", concurrency: int = 100, buffer_size: int = 20, max_staleness: int = 5,
+    start: float = 0.0, on_unavailable: str = "pause",
+) -> AsyncServer | None:
+    """The ``[server]`` table: None for the synchronous server (rounds; the ``[policy]``
+    decides them), an ``async_server`` for ``mode = "async"`` (``start`` and
+    ``on_unavailable`` come from the ``[policy]`` table). FLHetBench's asynchronous
+    server used concurrency 100, K = 20, tau <= 5 (notes §4.5)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    server = async_server(concurrency=concurrency, buffer_size=buffer_size,
+                          max_staleness=max_staleness, start=start, on_unavailable=on_unavailable)
+    return server if mode == "async" else None
+
+
 def async_server(
     *, concurrency: int, buffer_size: int, max_staleness: int, start: float = 0.0,
     on_unavailable: str = "pause",

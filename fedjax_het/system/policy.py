@@ -73,6 +73,11 @@ class RoundPolicy:
       on_unavailable: "pause" (work pauses while the device is not ready and
         resumes later; FLHetBench) or "lost" (the task fails when the device
         stops being ready; FLASH) (static).
+      max_staleness: stale tasks (deadline rounds only; FLHetBench's ``--sync_staleness``,
+        notes §4.4): a client late for round ``r`` keeps working, and its update
+        arrives in the first later round whose deadline covers its completion, trained
+        from round ``r``'s model, if that is at most ``max_staleness`` rounds later; 0:
+        late work is lost (static; ``schedule.schedule``).
     """
 
     deadline: jax.Array
@@ -85,6 +90,7 @@ class RoundPolicy:
     deadline_end: str = struct.field(pytree_node=False, default="last_ok")
     availability_aware: bool = struct.field(pytree_node=False, default=True)
     on_unavailable: str = struct.field(pytree_node=False, default="pause")
+    max_staleness: int = struct.field(pytree_node=False, default=0)
 
 
 def num_selected(cohort_size: int | jax.Array, over_commit: float | jax.Array) -> jax.Array:
@@ -131,7 +137,12 @@ def _policy(
     deadline_end: str = "last_ok",
     availability_aware: bool,
     on_unavailable: str,
+    max_staleness: int = 0,
 ) -> RoundPolicy:
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, (int, np.integer)) or (
+        max_staleness < 0
+    ):
+        raise ValueError(f"max_staleness must be an integer >= 0, got {max_staleness!r}")
     return RoundPolicy(
         deadline=jnp.asarray(deadline_s, jnp.float32),
         drop_share=jnp.asarray(drop_share, jnp.float32),
@@ -143,6 +154,7 @@ def _policy(
         deadline_end=_choice("deadline_end", deadline_end, DEADLINE_ENDS),
         availability_aware=bool(availability_aware),
         on_unavailable=_choice("on_unavailable", on_unavailable, ON_UNAVAILABLE),
+        max_staleness=int(max_staleness),
     )
 
 
@@ -179,6 +191,7 @@ def deadline(
     start: float | jax.Array = 0.0,
     availability_aware: bool = True,
     on_unavailable: str = "pause",
+    max_staleness: int = 0,
 ) -> RoundPolicy:
     """Clients have ``deadline`` seconds (after the overhead); later work is LATE.
 
@@ -186,7 +199,7 @@ def deadline(
     step_time_k)`` local steps, at most the steps it needs (comm_k = its drawn
     download + upload seconds); it is LATE if not even one step fits, or if
     unavailability still makes it miss the deadline. See ``RoundPolicy`` for
-    ``deadline_end``.
+    ``deadline_end`` and ``max_staleness`` (late work arriving in later rounds).
 
     Raises:
       ValueError: deadline <= 0, over_commit < 0, overhead < 0, or an unknown choice.
@@ -201,6 +214,7 @@ def deadline(
         deadline_end=deadline_end,
         availability_aware=availability_aware,
         on_unavailable=on_unavailable,
+        max_staleness=max_staleness,
     )
 
 

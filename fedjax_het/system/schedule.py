@@ -60,6 +60,7 @@ and dropout use ``fold_in(stream, client_id)`` on the ``"download"``,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -264,7 +265,8 @@ def schedule_round(
     payload_down: jax.Array,
     payload_up: jax.Array,
     cohort_size: int | jax.Array | None = None,
-) -> tuple[Schedule, jax.Array]:
+    completion: bool = False,
+) -> tuple[Schedule, jax.Array] | tuple[Schedule, jax.Array, tuple[jax.Array, jax.Array]]:
     """One round's schedule row (no ``R`` axis) for a given selection, and the end clock.
 
     Args:
@@ -278,9 +280,13 @@ def schedule_round(
       payload_down, payload_up: scalar or ``[N]`` bytes each client downloads / uploads.
       cohort_size: keep the first ``cohort_size`` OK finishers (over-commitment);
         ``None`` keeps them all.
+      completion: also return, per slot, when a LATE client that keeps working would
+        complete its planned steps (seconds after ``start``; inf for every other slot)
+        and those steps (stale tasks, ``policy.max_staleness``).
 
     Returns:
-      ``(row, clock)``: the ``Schedule`` of this round and ``start + duration``.
+      ``(row, clock)``: the ``Schedule`` of this round and ``start + duration``;
+      ``(row, clock, (complete, planned))`` with ``completion``.
     """
     if policy.kind not in KINDS:
         raise ValueError(f"policy.kind must be one of {KINDS}, got {policy.kind!r}")
@@ -336,6 +342,9 @@ def schedule_round(
         bytes_down=jnp.where(started & (ok | (progress >= down)), bytes_down, 0.0),
         bytes_up=jnp.where(started & (ok | (progress >= work)), bytes_up, 0.0),
     )
+    if completion:
+        complete = jnp.where(late & ~fails & eligible, overhead + done, jnp.inf).astype(dtype)
+        return row, row.clock, (complete, planned)
     return row, row.clock
 
 
@@ -356,8 +365,10 @@ def plan_round(
     steps_needed: jax.Array,
     payload_down: jax.Array,
     payload_up: jax.Array,
-) -> tuple[Schedule, jax.Array]:
-    """Selects round ``round_idx``'s clients (with over-commitment), then ``schedule_round``.
+    completion: bool = False,
+):
+    """Selects round ``round_idx``'s clients (with over-commitment), then ``schedule_round``
+    (whose results it returns, ``completion`` included).
 
     Availability-aware policies pass the readiness of every client at ``start +
     overhead`` to ``select``; ``ceil(cohort_size * (1 + over_commit))`` slots are used.
@@ -395,7 +406,73 @@ def plan_round(
         payload_down=payload_down,
         payload_up=payload_up,
         cohort_size=cohort_size,
+        completion=completion,
     )
+
+
+@struct.dataclass
+class _Pending:
+    """Late tasks still working (stale tasks): ``[max_staleness * S]`` each, a block of ``S``
+    slots per origin round ``r`` at block ``r % max_staleness``."""
+
+    client: jax.Array
+    origin: jax.Array
+    arrival: jax.Array  # virtual time the update would arrive
+    steps: jax.Array
+    valid: jax.Array
+
+
+def _stale_round(policy: RoundPolicy, row: Schedule, pending: _Pending, round_idx: jax.Array,
+                 late: tuple[jax.Array, jax.Array], bytes_up: jax.Array, cap: int):
+    """Round ``round_idx``'s row with up to ``cap`` stale arrivals appended, and the pending tasks.
+
+    FLHetBench's synchronous server with stale tasks (notes §4.4): every pending
+    task that has arrived by this round's deadline and is at most
+    ``max_staleness`` rounds old joins the round (trained from its origin
+    round's model: the slot's ``version``), the earliest first, at most ``cap``
+    of them (the rest wait for the next round); older arrivals are dropped.
+    The round ends no earlier than its last stale arrival (and, as before, no
+    later than the deadline). The round's own late tasks then become pending,
+    arriving when their planned steps complete (the full task, notes §8 item
+    15's recommendation, not the end of the phase that overran).
+    """
+    staleness = policy.max_staleness
+    dtype = row.start.dtype
+    deadline_at = row.start + policy.overhead.astype(dtype) + policy.deadline.astype(dtype)
+    age = round_idx - pending.origin
+    arrived = pending.valid & (pending.arrival <= deadline_at)
+    usable = arrived & (age <= staleness)
+    order = jnp.argsort(jnp.where(usable, pending.arrival, jnp.inf))[:cap]
+    take = usable[order]
+    taken = jnp.zeros_like(pending.valid).at[order].set(take)
+    clients = pending.client[order]
+    since_start = pending.arrival[order] - row.start
+    last = jnp.max(jnp.where(take, since_start, 0.0))
+    duration = jnp.maximum(row.duration, last)
+    extended = row.replace(
+        selected=jnp.concatenate([row.selected, clients]),
+        valid=jnp.concatenate([row.valid, take]),
+        outcome=jnp.concatenate([row.outcome, jnp.where(take, OK, EMPTY).astype(jnp.int32)]),
+        steps_done=jnp.concatenate([row.steps_done, jnp.where(take, pending.steps[order], 0)]),
+        version=jnp.concatenate([row.version, pending.origin[order]]),
+        duration=duration,
+        clock=row.start + duration,
+        finish=jnp.concatenate([row.finish, jnp.where(take, since_start, 0.0).astype(dtype)]),
+        bytes_down=jnp.concatenate([row.bytes_down, jnp.zeros((cap,), dtype)]),
+        bytes_up=jnp.concatenate([row.bytes_up, jnp.where(take, bytes_up[clients], 0.0)]),
+    )
+    complete, planned = late
+    width = row.selected.shape[0]
+    block = (round_idx % staleness) * width + jnp.arange(width)
+    still = pending.valid & ~taken & ~(arrived & (age > staleness))
+    pending = _Pending(
+        client=pending.client.at[block].set(row.selected),
+        origin=pending.origin.at[block].set(round_idx),
+        arrival=pending.arrival.at[block].set(row.start + complete),
+        steps=pending.steps.at[block].set(planned),
+        valid=still.at[block].set(jnp.isfinite(complete) & (row.outcome == LATE)),
+    )
+    return extended, pending
 
 
 def schedule(
@@ -428,10 +505,18 @@ def schedule(
       key: the run's root key.
 
     Returns:
-      A ``Schedule`` with ``[R]`` and ``[R, S]`` fields.
+      A ``Schedule`` with ``[R]`` and ``[R, S]`` fields; with stale tasks
+      (``policy.max_staleness``), ``[R, S + cohort_size]``: the last ``cohort_size``
+      slots hold the round's stale arrivals (``_stale_round``), their ``version`` the
+      round they started in.
     """
     if rounds < 1 or cohort_size < 1:
         raise ValueError(f"rounds and cohort_size must be >= 1, got {rounds} and {cohort_size}")
+    if policy.max_staleness:
+        return _schedule_with_stale_tasks(
+            profiles, policy, select, rounds=rounds, cohort_size=cohort_size,
+            steps_needed=steps_needed, payload_down=payload_down, payload_up=payload_up, key=key,
+        )
 
     def one_round(clock, round_idx):
         row, clock = plan_round(
@@ -450,4 +535,36 @@ def schedule(
 
     clock0 = jnp.asarray(policy.start, profiles.step_time.dtype)
     _, rows = jax.lax.scan(one_round, clock0, jnp.arange(rounds, dtype=jnp.int32))
+    return rows
+
+
+def _schedule_with_stale_tasks(
+    profiles: ClientProfiles, policy: RoundPolicy, select: Sampler | SelectFn, *, rounds: int,
+    cohort_size: int, steps_needed: jax.Array, payload_down: jax.Array, payload_up: jax.Array,
+    key: PRNGKey,
+) -> Schedule:
+    """``schedule`` whose late tasks arrive in later rounds (``_stale_round``)."""
+    dtype = profiles.step_time.dtype
+    bytes_up = _per_client(payload_up, profiles.num_clients, "payload_up", dtype)
+    plan = functools.partial(
+        plan_round, profiles, policy, select, key=key, cohort_size=cohort_size,
+        steps_needed=steps_needed, payload_down=payload_down, payload_up=payload_up,
+        completion=True,
+    )
+    width = jax.eval_shape(lambda: plan(round_idx=jnp.int32(0), start=jnp.zeros((), dtype)))[0]
+    size = policy.max_staleness * width.selected.shape[0]
+    pending = _Pending(
+        client=jnp.zeros((size,), jnp.int32), origin=jnp.zeros((size,), jnp.int32),
+        arrival=jnp.full((size,), jnp.inf, dtype), steps=jnp.zeros((size,), jnp.int32),
+        valid=jnp.zeros((size,), bool),
+    )
+
+    def one_round(carry, round_idx):
+        clock, pending = carry
+        row, _, late = plan(round_idx=round_idx, start=clock)
+        row, pending = _stale_round(policy, row, pending, round_idx, late, bytes_up, cohort_size)
+        return (row.clock, pending), row
+
+    clock0 = jnp.asarray(policy.start, dtype)
+    _, rows = jax.lax.scan(one_round, (clock0, pending), jnp.arange(rounds, dtype=jnp.int32))
     return rows

@@ -174,18 +174,23 @@ def policy_from_options(
     start: float = 0.0,
     availability_aware: bool = True,
     on_unavailable: str = "pause",
+    max_staleness: int = 0,
 ) -> RoundPolicy:
-    """The ``[policy]`` table: "wait_all", "deadline" (``deadline``, ``on_late``) or
-    "readiness" (round ends when ``1 - readiness`` of the clients finished); ``start``
-    is the trace time of round 0 (``RoundPolicy.start``)."""
+    """The ``[policy]`` table: "wait_all", "deadline" (``deadline``, ``on_late``,
+    ``max_staleness``: late work arrives up to that many rounds later, BiasPrompt+'s stale
+    tasks) or "readiness" (round ends when ``1 - readiness`` of the clients finished);
+    ``start`` is the trace time of round 0 (``RoundPolicy.start``)."""
     _one_of("policy.kind", kind, policies.KINDS)
+    if max_staleness and kind != "deadline":
+        raise ValueError(f"policy.max_staleness (stale tasks) needs policy.kind = 'deadline', "
+                         f"got {kind!r}")
     if kind == "readiness" and not 0 < readiness < 1:
         raise ValueError(f"policy.readiness is the share of clients not waited for, in (0, 1); "
                          f"got {readiness}")
     common = {"over_commit": over_commit, "overhead": overhead, "start": start,
               "availability_aware": availability_aware, "on_unavailable": on_unavailable}
     if kind == "deadline":
-        return policies.deadline(deadline, on_late=on_late, **common)
+        return policies.deadline(deadline, on_late=on_late, max_staleness=max_staleness, **common)
     if kind == "readiness":
         return policies.readiness(readiness, **common)
     return policies.wait_all(**common)
