@@ -249,9 +249,10 @@ class Freezing:
         entry ``d`` says whether the leaf trains at freeze depth ``d``
         (depth 0 trains everything).
       choose: ``(probe_update, seconds [D], soft_deadline, hyper) -> depth``
-        (int32), from the client's update after the probe and its expected
-        round time at each depth; ``soft_deadline`` is the server's running
-        estimate of a round's length (NaN before the first round).
+        (int32), from the client's update after the probe (None when
+        ``probe_share`` is 0: no probe runs) and its expected round time at
+        each depth; ``soft_deadline`` is the server's running estimate of a
+        round's length (NaN before the first round).
     """
 
     probe_share: float

@@ -234,6 +234,13 @@ class EventAccounting:
             "examples_processed": float(r["examples_processed"][:done].sum()),
         }
 
+    def plot(self, path) -> None:
+        """``async.png``: concurrency over virtual hours, staleness, participation."""
+        from fedjax_het.system.plots import plot_async  # matplotlib, only when writing
+
+        r = self.per_round
+        plot_async(r["clock_s"], r["in_flight"], self.staleness, self.participation, path)
+
     def totals(self) -> dict[str, Any]:
         """Whole-run figures for ``summary.json``."""
         r = self.per_round

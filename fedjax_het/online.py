@@ -325,6 +325,9 @@ class OnlineRound:
         the same batches as the first steps of the training that follows.
         """
         round_, freezing = self.round, self.round.algorithm.freezing
+        if freezing.probe_share == 0:  # a choice from timings alone (TimelyFL): no probe to run
+            choose = lambda s: freezing.choose(None, s, state.soft_deadline, inputs.hyper)
+            return jax.vmap(choose)(seconds[ids]).astype(jnp.int32)
         train_keys = rng.client_keys(inputs.key, round_idx, "train", ids)
         tasks = ClientTask(ids, jnp.zeros(ids.shape), probe[ids], train_keys)
 

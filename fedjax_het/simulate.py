@@ -39,6 +39,7 @@ from fedjax_het.data.federated import FederatedData
 from fedjax_het.divergence import NONFINITE, Diverged, Divergence, first_divergence
 from fedjax_het.local import DeviceSplit, LocalSpec, hyper_dtype, run_model
 from fedjax_het.metrics import (
+    EventAccounting,
     ScheduleAccounting,
     event_accounting,
     client_accuracy_summary,
@@ -570,6 +571,8 @@ class Recorder:
         )
         if self.writer:
             history.out_dir = self.writer.out_dir
+            if isinstance(self.accounting, EventAccounting):
+                self.writer.write("async.png", self.accounting.plot)
             self.writer.finish(history)
         return history
 

@@ -64,6 +64,7 @@ def test_async_run_writes_its_events_and_summary(config_path, tmp_path, capsys):
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [line["round"] for line in lines] == [0, 3, 6]
     assert lines[-1]["applied"] == 18 and lines[1]["virtual_s"] <= lines[2]["virtual_s"]
+    assert (tmp_path / "out" / "async.png").stat().st_size > 10_000
     arrays = np.load(tmp_path / "out" / "arrays.npz")
     assert arrays["round_staleness_max"].max() <= 2 and arrays["round_applied"].tolist() == [3] * 6
 

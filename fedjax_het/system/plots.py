@@ -205,3 +205,37 @@ def plot_participation(
     ax.set_title(f"participation of {counts.size} clients, Gini {coefficient:.3f}")
     _save(fig, path, dpi)
     return coefficient
+
+
+def plot_async(
+    clock_s: np.ndarray,
+    in_flight: np.ndarray,
+    staleness: np.ndarray,
+    participation: np.ndarray,
+    path: str | os.PathLike,
+    *,
+    figsize: tuple[float, float] = (15.0, 4.5),
+    dpi: int = DPI,
+) -> None:
+    """An asynchronous run: tasks in flight over virtual hours (at each server event), the
+    histogram of the applied updates' staleness, and the clients' participation with its Gini."""
+    participation = np.asarray(participation).reshape(-1)
+    fig = Figure(figsize=figsize, dpi=dpi)
+    left, middle, right = fig.subplots(1, 3)
+    left.step(np.asarray(clock_s) / 3600.0, in_flight, where="post", color="#1f77b4")
+    left.set_xlabel("virtual hours")
+    left.set_ylabel("tasks in flight after the event")
+    left.set_title("concurrency")
+    staleness = np.asarray(staleness)
+    middle.bar(np.arange(staleness.size), staleness, color="#ff7f0e")
+    middle.set_xlabel("staleness (server versions)")
+    middle.set_ylabel("updates applied")
+    middle.set_title(f"staleness of {int(staleness.sum())} applied updates")
+    top = float(participation.max(initial=0))
+    bins = np.arange(top + 2) - 0.5 if top < 100 else 50
+    right.hist(participation, bins=bins, color="#2ca02c", edgecolor="white")
+    right.set_xlabel("updates applied")
+    right.set_ylabel("clients")
+    right.set_title(f"participation of {participation.size} clients, Gini {gini(participation):.3f}")
+    fig.tight_layout()
+    _save(fig, path, dpi)
