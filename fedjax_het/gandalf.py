@@ -128,7 +128,9 @@ def gandalf_options(**kwargs: Any) -> GandalfOptions:
         raise ValueError("give exactly one of group_size and num_mediators (M_c)")
     for name in ("group_size", "num_mediators", "gans_per_client", "chunk"):
         value = getattr(options, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
     for name in ("passes", "gan_groups", "critic_steps", "generator_steps", "gan_passes",
                  "gan_batch_size"):  # fmt: skip
@@ -136,7 +138,7 @@ def gandalf_options(**kwargs: Any) -> GandalfOptions:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     for name in ("fault_tolerance", "gan"):
-        if not isinstance(getattr(options, name), bool):
+        if type(getattr(options, name)) is not bool:
             raise ValueError(f"{name} must be true or false, got {getattr(options, name)!r}")
     if not 0 < options.max_wait < math.inf:
         raise ValueError(f"max_wait (T_R) must be > 0 seconds and finite, got {options.max_wait}")
@@ -162,9 +164,7 @@ def gandalf_options(**kwargs: Any) -> GandalfOptions:
     return options
 
 
-def gandalf_data(
-    data: FederatedData, options: GandalfOptions, *, seed: int
-) -> rebalance.Augmented:
+def gandalf_data(data: FederatedData, options: GandalfOptions, *, seed: int) -> rebalance.Augmented:
     """Phases 1-2: label groups, one WGAN-GP per group, synthetic rows in the flat store.
 
     Keys: ``stream(seed_key(seed), "gandalf_gan")`` for the GANs and
@@ -277,9 +277,7 @@ def run_gandalf(
             f"num_mediators (M_c={options.num_mediators}) exceeds the {data.num_clients} clients"
         )
     if options.group_size is not None and options.group_size > data.num_clients:
-        raise ValueError(
-            f"group_size={options.group_size} exceeds the {data.num_clients} clients"
-        )
+        raise ValueError(f"group_size={options.group_size} exceeds the {data.num_clients} clients")
     say = print if progress else (lambda *_: None)
     began = time.perf_counter()
     if options.gan:

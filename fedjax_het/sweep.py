@@ -56,6 +56,7 @@ from fedjax_het.metrics import schedule_accounting
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
 from fedjax_het.simulate import History, Recorder, Setup, plan_runs, ring_depth, train_loop
+from fedjax_het.system.events import AsyncServer
 from fedjax_het.system.setup import System
 from fedjax_het.typing import Hyper, PyTree
 
@@ -110,6 +111,7 @@ def sweep(
     checkpoint_every: int = 0,
     resume: bool = False,
     overwrite: bool = False,
+    server: AsyncServer | None = None,
 ) -> list[History]:
     """Runs every cell in one compiled simulation; one ``History`` per cell, in order.
 
@@ -139,6 +141,8 @@ def sweep(
         checkpoint (a finished chunk's is its last, so it does not train again) and a
         chunk without one starts afresh. ``overwrite``: cells may write into
         directories that already hold files.
+      server: must be None (taken so that ``Experiment.run_kwargs`` passes through): an
+        asynchronous server runs with ``simulate.run``, one setting at a time.
 
     The cells' systems must share the availability store, the policy's kind and
     switches, and the way clients are selected (``simulate.plan_runs``;
@@ -150,6 +154,11 @@ def sweep(
     over cells.
     """
     cells = _cells(cells, systems, seeds)
+    if server is not None:
+        raise ValueError(
+            "sweep runs synchronous servers; run each setting of an asynchronous server with "
+            "simulate.run (fedjax-het sweep does so for configs with [server] mode = 'async')"
+        )
     if algorithm.freezing is not None:
         raise ValueError(
             f"{algorithm.name} chooses its freezing inside the loop; sweep runs precomputed "
