@@ -177,9 +177,40 @@ def _stored_config(directory: str, name: str) -> str:
     return str(path)
 
 
+def _run_mediated(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
+    """``algorithm.name = "gandalf" | "mediator"``: ``gandalf.run_gandalf`` and its run directory."""
+    from fedjax_het import gandalf
+
+    if args.resume:
+        return _error(f"{experiment.config['algorithm']['name']} runs cannot be resumed: they "
+                      "keep no checkpoint; start the run again")
+    system, kwargs = experiment.system, experiment.run_kwargs()
+    try:
+        result = gandalf.run_gandalf(
+            experiment.data, experiment.model, experiment.algorithm, experiment.mediated,
+            rounds=kwargs["rounds"], work=experiment.work, hyper=experiment.hyper,
+            seed=kwargs["seed"], eval_every=kwargs["eval_every"],
+            profiles=None if system is None else system.profiles,
+            start=0.0 if system is None else float(system.policy.start),
+            targets=(0.5, 0.6, 0.7, 0.8), progress=not args.no_progress,
+        )
+        out = gandalf.write_run(result, args.out, experiment.config, overwrite=True)
+    except ValueError as err:
+        return _error(err)
+    except NotWritten as err:
+        return _error(err, 1)
+    s = result.summary
+    print(f"best test accuracy {s['best_accuracy']:.4f} (final {s['final_accuracy']:.4f}); "
+          f"{s['rounds']} rounds, mean round {s['mean_round_s']:.1f} virtual s, failure rate "
+          f"{s['failure_rate']:.3f}, {s['synthetic_rows']} synthetic rows; results in {out}")
+    return 0
+
+
 def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     from fedjax_het import simulate
 
+    if experiment.mediated is not None:
+        return _run_mediated(experiment, args)
     out = args.out
     try:
         history = simulate.run(

@@ -86,7 +86,7 @@ from typing import Any
 
 import jax
 
-from fedjax_het import compression, distributed, models, privacy, registry
+from fedjax_het import compression, distributed, gandalf, models, privacy, registry
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.client_store import PLACEMENTS
 from fedjax_het.data import catalog, feature_skew, partitioners
@@ -155,6 +155,7 @@ class Experiment:
     system: setup.System | None = None
     select: Callable | None = None
     server: events.AsyncServer | None = None
+    mediated: gandalf.GandalfOptions | None = None  # algorithm.name "gandalf" or "mediator"
 
     def run_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`fedjax_het.simulate.run` this config asks for."""
@@ -306,8 +307,14 @@ def schema(config: Mapping[str, Any]) -> dict[str, Any]:
             ("x", "y", "parts", "seed"))
     add("model", _choose("model.name", config["model"].get("name"), models.ZOO),
         ("example_shape", "num_classes"))
-    factory = _registered("algorithm", config["algorithm"].get("name"))
-    add("algorithm", factory)
+    name = config["algorithm"].get("name")
+    if name in gandalf.MEDIATED:
+        hints = typing.get_type_hints(gandalf.GandalfOptions)
+        keys.update({f"algorithm.{k}": hints[k] for k in _MEDIATOR_OPTIONS})
+        factory = _registered("algorithm", "fedavg")
+    else:
+        factory = _registered("algorithm", name)
+        add("algorithm", factory)
     keys.update({f"algorithm.{k}": float for k, _ in _guarded("algorithm", factory).hyper_defaults})
     keys["sampler.clients_per_round"] = int
     for table, cls in (("local", LocalWork), ("distributed", distributed.Cluster)):
@@ -353,8 +360,12 @@ def build(config: Mapping[str, Any]) -> Experiment:
     skip = ("example_shape", "num_classes")
     model_args = _arguments("model", model_factory, model_table, skip)
     config["model"] = {"name": config["model"]["name"], **_resolved(model_args, model_factory, skip)}
+    mediated = _mediated(config)
     algorithm, hyper = _algorithm(config["algorithm"])
     config["algorithm"] = {**config["algorithm"], **dict(algorithm.hyper_defaults), **hyper}
+    if mediated is not None:
+        config["algorithm"] = {**mediated[1], **config["algorithm"], "name": mediated[2]}
+        mediated = mediated[0]
     private = _privacy_options(config)
     if private is not None:
         chosen = {k: v for k, v in private.items() if k != "target_epsilon"}
@@ -407,7 +418,9 @@ def build(config: Mapping[str, Any]) -> Experiment:
         factory, args = selection
         slots = min(int(num_selected(cohort, system.policy.over_commit)), data.num_clients)
         select = _guarded("selection", lambda: factory(data.num_clients, slots, **args))
-    return Experiment(data, model, algorithm, sampler, work, hyper, config, system, select, server)
+    return Experiment(
+        data, model, algorithm, sampler, work, hyper, config, system, select, server, mediated
+    )
 
 
 def _rounds_within_budget(private: dict[str, float], rounds: int, cohort: int, clients: int) -> int:
@@ -471,6 +484,34 @@ def _selection_options(config: dict[str, Any], *, has_system: bool) -> tuple[Cal
     args = _arguments("selection", factory, table, skip)
     config["selection"] = {"name": name, **_resolved(args, factory, skip)}
     return factory, args
+
+
+_MEDIATOR_OPTIONS = tuple(
+    f.name for f in dataclasses.fields(gandalf.GandalfOptions) if f.name != "gan"
+)
+
+
+def _mediated(config: dict[str, Any]) -> tuple[gandalf.GandalfOptions, dict, str] | None:
+    """For ``algorithm.name = "gandalf" | "mediator"`` (``gandalf.run_gandalf``): the checked
+    options, their resolved values and the name; the [algorithm] table is left holding FedAvg's
+    name and hyperparameters. None for every other algorithm."""
+    name = config["algorithm"].get("name")
+    if name not in gandalf.MEDIATED:
+        return None
+    for table in ("server", "selection", "compression", "privacy"):
+        if config.get(table):
+            raise ConfigError(f"algorithm.name = {name!r} runs mediator groups: it takes no "
+                              f"[{table}] table")
+    table = dict(config["algorithm"])
+    options = {k: table.pop(k) for k in list(table) if k in _MEDIATOR_OPTIONS}
+    chosen = _guarded("algorithm", lambda: gandalf.gandalf_options(
+        gan=gandalf.MEDIATED[name], **options))
+    resolved = {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in dataclasses.asdict(chosen).items() if k != "gan" and v is not None
+    }
+    config["algorithm"] = {**table, "name": "fedavg"}
+    return chosen, resolved, name
 
 
 def _server_options(

@@ -48,6 +48,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -349,3 +350,43 @@ def time_to_accuracy(
         if ev["test_accuracy"] >= target:
             return {"round": ev["round"], "virtual_s": ev["virtual_s"]}
     return {"round": None, "virtual_s": None}
+
+
+MEDIATED = {"gandalf": True, "mediator": False}
+"""The ``algorithm.name`` values run by :func:`run_gandalf` (not as one cohort a round), and
+whether each trains the GANs first."""
+
+
+def write_run(result: GandalfResult, out_dir, config: dict[str, Any] | None, *,
+              overwrite: bool = False) -> Path:
+    """A run directory for ``result``: ``config.toml``, ``metrics.jsonl`` (one line per
+    evaluation), ``summary.json`` and ``curves.png`` (accuracy against virtual hours)."""
+    from fedjax_het import results
+
+    writer = results.RunWriter(out_dir, config, overwrite=overwrite)
+    for line in result.evaluations:
+        writer.append(line)
+    summary = {
+        **result.summary,
+        "to_accuracy": {f"{t:g}": hit for t, hit in result.targets.items()},
+        "groups": result.groups.members.tolist(),
+    }
+    text = results.strict_json(summary, indent=2) + "\n"
+    writer.write("summary.json", lambda path: path.write_text(text))
+    writer.write("curves.png", lambda path: _plot(result.evaluations, path))
+    if writer.missing:
+        raise results.NotWritten(writer.out_dir, [f"{k} ({v})" for k, v in writer.missing.items()])
+    return writer.out_dir
+
+
+def _plot(evaluations: Sequence[dict[str, float]], path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 4.0), dpi=110)
+    ax = fig.add_subplot()
+    ax.plot([e["virtual_s"] / 3600 for e in evaluations], [e["test_accuracy"] for e in evaluations])
+    ax.set(xlabel="virtual hours", ylabel="test accuracy", title="test accuracy")
+    ax.grid(alpha=0.3)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, format="png")

@@ -196,3 +196,50 @@ def test_mediator_only_equals_run_mediator_on_kl_groups():
         np.testing.assert_array_equal(a, b)
     assert result.summary["synthetic_rows"] == 0
     assert result.evaluations[-1]["test_accuracy"] == reference.evaluations[-1]["accuracy"]
+
+
+# ---- from the command line: algorithm.name = "gandalf" | "mediator" -------------------------
+
+CLI_SETS = ("data.name='synthetic'", "data.num_clients=8", "sampler.clients_per_round=4",
+            "rounds=2", "eval_every=1", "system.dropout=0.3", "algorithm.group_size=4",
+            "algorithm.gan_hidden=[16]", "algorithm.gan_batch_size=16")
+
+
+def _cli(*args: str) -> int:
+    from fedjax_het import cli
+
+    sets = [a for item in CLI_SETS for a in ("--set", item)]
+    return cli.main([*args, *sets])
+
+
+@pytest.mark.parametrize("name", ["mediator", "gandalf"])
+def test_the_cli_runs_mediated_algorithms_and_their_config_reproduces_them(name, tmp_path, capsys):
+    import json
+
+    assert _cli("run", "--set", f"algorithm.name={name!r}", "--out", str(tmp_path / "a"),
+                "--no-progress") == 0
+    assert "best test accuracy" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert (summary["synthetic_rows"] > 0) == (name == "gandalf")
+    lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2]
+    from fedjax_het import cli
+
+    assert cli.main(["run", str(tmp_path / "a" / "config.toml"), "--out", str(tmp_path / "b"),
+                     "--no-progress"]) == 0
+    again = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert {k: v for k, v in again.items() if "wall" not in k} == {
+        k: v for k, v in summary.items() if "wall" not in k}
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("algorithm.tau=1.5", "[algorithm] tau must be in (0, 1]"),
+    ("algorithm.gan_groups=0", "[algorithm] gan_groups must be an integer >= 1"),
+    ("algorithm.heartbeat=100.0", "[algorithm] heartbeat must be in [0, max_wait=60.0]"),
+    ("server.mode='async'", "it takes no [server] table"),
+])
+def test_bad_mediated_options_are_one_line_config_errors(setting, message, capsys):
+    capsys.readouterr()
+    assert _cli("config", "--set", "algorithm.name='gandalf'", "--set", setting) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err
