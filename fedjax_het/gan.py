@@ -66,8 +66,8 @@ import optax
 from flax import struct
 from jax import lax
 
-from fedjax_het import rebalance, rng
-from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het import rng
+from fedjax_het.data.federated import ClientArrays
 from fedjax_het.rebalance import Generator
 from fedjax_het.typing import Params, PRNGKey
 
@@ -501,44 +501,3 @@ def _generate_padded(gan: WGANGP, generator: Params, key: PRNGKey, labels) -> ja
 @functools.partial(jax.jit, static_argnums=0)
 def _generate_jit(gan, generator, key, labels):
     return gan.generate(generator, key, labels)
-
-
-def gandalf_augment(
-    data: FederatedData,
-    *,
-    seed: int,
-    num_groups: int = 2,
-    tau: float = 0.5,
-    gans_per_client: int | None = None,
-    gan: WGANGP | None = None,
-    passes: int = 1,
-    batch_size: int = 256,
-) -> rebalance.Augmented:
-    """GANDALF phases 1-2 on ``data``: group, train one GAN per group, add the counted rows.
-
-    ``rebalance.label_groups`` (K-Means seeded by ``seed``) -> :func:`train_sequential`
-    -> ``rebalance.augmentation_counts`` on the groups' label mixes ->
-    ``rebalance.augment``. Defaults: ``M_g = 2``, ``tau = 0.5`` (CINIC-10;
-    0.07 for EMNIST), every client receives all GANs, and ``gan`` is
-    :func:`wgan_gp` at its defaults (linear output; pass ``output="sigmoid"``
-    for data in [0, 1]).
-    """
-    counts = rebalance.class_counts(data.train, data.num_classes)
-    groups = rebalance.label_groups(counts, num_groups, seed)
-    features = int(np.prod(data.example_shape, dtype=np.int64))
-    gan = wgan_gp(features, data.num_classes) if gan is None else gan
-    key = rng.seed_key(seed)
-    states, _ = train_sequential(
-        gan,
-        data.train,
-        groups,
-        key=rng.stream(key, "gandalf_gan"),
-        passes=passes,
-        batch_size=batch_size,
-    )
-    added = rebalance.augmentation_counts(
-        counts, rebalance.group_mix(counts, groups), tau=tau, gans_per_client=gans_per_client
-    )
-    return rebalance.augment(
-        data, added, generators(gan, states), key=rng.stream(key, "gandalf_augment")
-    )

@@ -594,7 +594,7 @@ def train_loop(
     state: RunState, *, rounds: int, eval_every: int, block: Callable, evaluate: Callable,
     plans: Schedule | None, on_eval: Callable[[int, Any, Any], bool | None], progress: bool,
     round_axis: int = 0, done: int = 0, save: Callable[[int, Any], None] | None = None,
-    checkpoint_every: int = 0,
+    checkpoint_every: int = 0, unit: str = "round",
 ) -> LoopEnd:
     """Runs ``block`` over blocks of ``eval_every`` rounds, evaluating after each.
 
@@ -609,13 +609,14 @@ def train_loop(
     checkpoint: at the first block end at or past each multiple of
     ``checkpoint_every`` rounds (0: never), at the end, and when SIGINT or SIGTERM
     arrives (``interrupt.deferred``: the loop stops after the current block).
+    ``unit`` names a round on the progress bar ("event" for an asynchronous server).
     """
     with interrupt.deferred() as pending:
         ev = jax.device_get(evaluate(state))
         if done == 0:
             on_eval(0, None, ev)
         compile_s, saved_at, stopped = None, done, None
-        bar = tqdm(total=rounds, initial=done, desc="rounds", unit="round", disable=not progress,
+        bar = tqdm(total=rounds, initial=done, desc=f"{unit}s", unit=unit, disable=not progress,
                    leave=True)
         while done < rounds:
             stopped = pending.agreed()  # once per block, at the same point in every process
@@ -787,7 +788,7 @@ def run(
     )
     loop = functools.partial(
         train_loop, rounds=rounds, eval_every=eval_every, progress=progress,
-        checkpoint_every=checkpoint_every,
+        checkpoint_every=checkpoint_every, unit="round" if server is None else "event",
     )
     resumed = load_checkpoint(out_dir, [recorder]) if resume else None
     if select is not None or algorithm.freezing is not None:

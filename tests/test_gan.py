@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import gan as gan_lib
-from fedjax_het import rebalance, rng
+from fedjax_het import gandalf, rebalance, rng
 from fedjax_het.data.federated import ClientArrays, FederatedData
 
 
@@ -158,7 +158,7 @@ def test_thirty_steps_are_deterministic_and_the_critic_finds_the_gap():
     assert np.asarray(hook(jax.random.key(2), np.array([], np.int32))).shape == (0, 4)
 
 
-def test_gandalf_augment_end_to_end():
+def test_gandalf_data_end_to_end():
     """Two label mixes, two groups: every client ends with more of its minority class."""
     draws = np.random.default_rng(4)
     xs, ys = [], []
@@ -167,8 +167,8 @@ def test_gandalf_augment_end_to_end():
         xs.append(draws.normal(size=(20, 2, 2)).astype(np.float32))
         ys.append(y)
     data = FederatedData.from_client_arrays(xs, ys, num_classes=2)
-    gan = gan_lib.wgan_gp(4, 2, hidden=(8,), latent_dim=3)
-    out = gan_lib.gandalf_augment(data, seed=0, tau=1.0, gan=gan, batch_size=16)
+    options = gandalf.gandalf_options(tau=1.0, gan_hidden=(8,), gan_batch_size=16)
+    out = gandalf.gandalf_data(data, options, seed=0)
     before = rebalance.class_counts(data.train, 2)
     after = rebalance.class_counts(out.data.train, 2)
     assert out.data.example_shape == (2, 2)
