@@ -21,12 +21,12 @@ regularised local objective, Eq. 2), traced as ``rho`` (0: plain SGD).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from fedjax_het.algorithm import NON_NEGATIVE, FederatedAlgorithm, Interval, model_loss
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.algorithms.fedprox import squared_distance
 from fedjax_het.algorithms.optimizers import HyperOptimizer
 from fedjax_het.algorithms.staleness import staleness_fn, staleness_weighted_mean
 
@@ -52,9 +52,7 @@ def fedasync(
     )
 
     def local_loss(model, params, batch, ctx, hyper, key) -> jax.Array:
-        drift = sum(
-            jnp.sum((p - s) ** 2) for p, s in zip(jax.tree.leaves(params), jax.tree.leaves(ctx.start))
-        )
+        drift = squared_distance(params, ctx.start)
         return model_loss(model, params, batch, ctx, hyper, key) + 0.5 * hyper["rho"] * drift
 
     return fedavg(

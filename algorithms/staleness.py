@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het.algorithm import Aggregator, ClientStats, weighted_or_zero
+from fedjax_het.algorithm import Aggregator, ClientStats, weighted_mean, weighted_or_zero
 from fedjax_het.typing import PyTree, Update
 
 KINDS = ("constant", "polynomial", "hinge")
@@ -62,10 +62,7 @@ def staleness_weighted_mean(weight: StalenessFn) -> Aggregator:
     def contribute(update: Update, w: jax.Array, stats: ClientStats) -> PyTree:
         tau = jnp.zeros((), jnp.int32) if stats.staleness is None else stats.staleness
         scaled = w * weight(tau)
-        return jax.tree.map(lambda u: weighted_or_zero(scaled, u), update), weighted_or_zero(w, jnp.float32(1))
+        scaled_updates = jax.tree.map(lambda u: weighted_or_zero(scaled, u), update)
+        return scaled_updates, weighted_or_zero(w, jnp.float32(1))
 
-    def finalize(sums: PyTree) -> Update:
-        weighted, total = sums
-        return jax.tree.map(lambda s: s / jnp.maximum(total, 1e-30).astype(s.dtype), weighted)
-
-    return Aggregator(contribute, finalize)
+    return Aggregator(contribute, weighted_mean().finalize)

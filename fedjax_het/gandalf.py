@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from fedjax_het import gan as gan_lib
-from fedjax_het import rebalance, rng
+from fedjax_het import metrics, rebalance, rng
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
@@ -345,11 +345,10 @@ def run_gandalf(
 def time_to_accuracy(
     evaluations: Sequence[dict[str, float]], target: float
 ) -> dict[str, float | None]:
-    """``{"round", "virtual_s"}`` of the first evaluation with test_accuracy >= ``target``."""
-    for ev in evaluations:
-        if ev["test_accuracy"] >= target:
-            return {"round": ev["round"], "virtual_s": ev["virtual_s"]}
-    return {"round": None, "virtual_s": None}
+    """``{"round", "virtual_s"}`` of the first evaluation with test_accuracy >= ``target``
+    (``metrics.time_to_accuracy``'s), both None if none reaches it."""
+    hit = metrics.time_to_accuracy(evaluations, [target])[f"{target:g}"]
+    return hit or {"round": None, "virtual_s": None}
 
 
 MEDIATED = {"gandalf": True, "mediator": False}

@@ -177,16 +177,19 @@ class ScheduleAccounting:
 OUTCOME_NAMES = ("ok", "unavailable", "late", "dropped")
 
 
+def _examples_processed(s, spec, count: np.ndarray) -> np.ndarray:
+    """``[R, S]`` examples each valid slot of host-side plans ``s`` trained on (0 elsewhere)."""
+    need = np.asarray(spec.work.examples_to_process(jnp.asarray(count, jnp.int32)))
+    processed = np.minimum(np.asarray(s.steps_done) * spec.work.batch_size, need[s.selected])
+    return np.where(np.asarray(s.valid), processed, 0)
+
+
 def schedule_accounting(plans, spec, count: np.ndarray, num_clients: int) -> ScheduleAccounting:
     """Accounts a ``system.schedule.Schedule`` of a run with local work ``spec.work``."""
     s = jax.device_get(plans)
     valid = np.asarray(s.valid)
     outcome = np.where(valid, np.asarray(s.outcome), -1)
-    need = np.asarray(spec.work.examples_to_process(jnp.asarray(count, jnp.int32)))
-    selected = np.asarray(s.selected)
-    processed = np.where(
-        valid, np.minimum(np.asarray(s.steps_done) * spec.work.batch_size, need[selected]), 0
-    )
+    processed = _examples_processed(s, spec, count)
     ok = outcome == 0
     per_round = {
         "duration_s": np.asarray(s.duration, np.float64),
@@ -263,11 +266,7 @@ def event_accounting(plans, spec, count: np.ndarray, num_clients: int, max_stale
     """Accounts a ``system.events.EventSchedule`` of a run with local work ``spec.work``."""
     s = jax.device_get(plans)
     valid = np.asarray(s.valid)
-    need = np.asarray(spec.work.examples_to_process(jnp.asarray(count, jnp.int32)))
-    selected = np.asarray(s.selected)
-    processed = np.where(
-        valid, np.minimum(np.asarray(s.steps_done) * spec.work.batch_size, need[selected]), 0
-    )
+    processed = _examples_processed(s, spec, count)
     tau = np.where(valid, np.arange(valid.shape[0])[:, None] - np.asarray(s.version), 0)
     applied = valid.sum(axis=1)
     per_round = {

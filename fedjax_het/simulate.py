@@ -41,10 +41,10 @@ from fedjax_het.local import DeviceSplit, LocalSpec, hyper_dtype, run_model
 from fedjax_het.metrics import (
     EventAccounting,
     ScheduleAccounting,
-    event_accounting,
     client_accuracy_summary,
     evaluate,
     evaluate_personal,
+    event_accounting,
     schedule_accounting,
     time_to_accuracy,
 )
@@ -138,11 +138,7 @@ def plan_runs(
     policy's kind and switches, and the way clients are selected.
     """
     for system in systems:
-        if system.profiles.num_clients != data.num_clients:
-            raise ValueError(
-                f"system profiles describe {system.profiles.num_clients} clients but the data "
-                f"has {data.num_clients}"
-            )
+        _check_population(system, data)
     down, up = online.payload_bytes(spec.algorithm, jax.eval_shape(spec.model.init, keys[0]))
     m = sampler.cohort_size
     selectors = {selection_slots(system, sampler, data.num_clients) for system in systems}
@@ -166,6 +162,14 @@ def plan_runs(
     return jax.jit(batched)(profiles, policy, keys)
 
 
+def _check_population(system: System, data: FederatedData) -> None:
+    if system.profiles.num_clients != data.num_clients:
+        raise ValueError(
+            f"system profiles describe {system.profiles.num_clients} clients but the data has "
+            f"{data.num_clients}"
+        )
+
+
 def plan_events(
     system: System, data: FederatedData, spec: LocalSpec, server: event_schedule.AsyncServer, *,
     events: int, key: PRNGKey,
@@ -176,16 +180,7 @@ def plan_events(
     system's profiles give every task's timing (its policy is not used: the
     server has none of rounds, deadlines or over-commitment).
     """
-    if system.profiles.num_clients != data.num_clients:
-        raise ValueError(
-            f"system profiles describe {system.profiles.num_clients} clients but the data has "
-            f"{data.num_clients}"
-        )
-    if server.concurrency > data.num_clients:
-        raise ValueError(
-            f"concurrency ({server.concurrency}) must not exceed the number of clients "
-            f"({data.num_clients})"
-        )
+    _check_population(system, data)
     down, up = online.payload_bytes(spec.algorithm, jax.eval_shape(spec.model.init, key))
     make = functools.partial(
         event_schedule.async_schedule, events=events, payload_down=down, payload_up=up,

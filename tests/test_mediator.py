@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_scaffold_feddyn as reference
 
 from fedjax_het import local, mediator, models, rng
 from fedjax_het.algorithms import fedavg, scaffold
@@ -181,21 +182,16 @@ def slot_key(key, round_idx: int, client: int, pass_idx: int):
 
 
 def reference_sgd(w, b, x, y, indices, count):
-    """float64 SGD on the masked mean cross-entropy; returns (w, b, loss sum, examples)."""
+    """float64 SGD on the masked mean cross-entropy (``test_scaffold_feddyn``'s, with no extra
+    term); returns (w, b, loss sum, examples, steps)."""
     examples = math.ceil(WORK.epochs * count)
     steps = min(math.ceil(examples / WORK.batch_size), SPEC.max_steps)
     mask = (np.arange(SPEC.max_steps * WORK.batch_size) < examples).reshape(SPEC.max_steps, -1)
-    loss_sum = 0.0
-    for s in range(steps):
-        xb, yb, m = x[indices[s]], y[indices[s]], mask[s].astype(np.float64)
-        logits = xb @ w + b
-        top = logits.max(axis=1, keepdims=True)
-        p = np.exp(logits - top)
-        loss_sum += float((top[:, 0] + np.log(p.sum(axis=1)) - logits[np.arange(len(yb)), yb]) @ m)
-        p /= p.sum(axis=1, keepdims=True)
-        g = (p - np.eye(C)[yb]) * (m / max(m.sum(), 1.0))[:, None]
-        w, b = w - CLIENT_LR * xb.T @ g, b - CLIENT_LR * g.sum(axis=0)
-    return w, b, loss_sum, int(mask[:steps].sum()), steps
+    trained, loss_sum = reference.reference_sgd(
+        reference.pack(w, b), (x, y, indices, mask, steps), CLIENT_LR, reference.zeros_like
+    )
+    layer = trained["Dense_0"]
+    return layer["kernel"], layer["bias"], loss_sum, int(mask[:steps].sum()), steps
 
 
 def reference_round(params, plan_rows, round_idx, key, data, train):
