@@ -44,13 +44,31 @@ real mistakes give 1e-2 and more (W1 / W2: the update scaled by 1.01: 1e-2 /
 1e-2; one example of one client duplicated: 6e-2 / 1.5e-1; one client left
 out: 3e-1 / 9e-2).
 
-Timing: the gate round (the first warm-up), ``warmup`` more untimed rounds
-(none when MIN_REPS rounds like the gate's would pass ``max_s``), then up to
+Matmul precision: precision is fixed when ``jit`` traces a function, so each
+implementation is built (traced, lowered, compiled) twice when the run's
+precision differs from the gate's. Its gate round is computed by the program
+compiled under ``jax.default_matmul_precision(gate_precision)`` ("highest" by
+default: full float32 products, so the gate measures the implementation, not
+the GPU's TF32 rounding, which put a bare ``vmap`` 0.04-0.14 from the loop on
+an H200), and its timed rounds by the program compiled under
+``matmul_precision`` (the run's: "default" is TF32 on NVIDIA GPUs, plain float32
+on CPU). Rows record both (``gate_matmul_precision``, ``matmul_precision``) and
+the timed program's own distance to the gate reference
+(``timed_rel_l2_to_reference``, informative, not a gate: the first round of the
+timed program against the reference's gate round, so the TF32 error is
+visible). The gate program is dropped before the timed one is built (a
+SCAFFOLD state of 2,000 CNN clients is 53 GB). With equal precisions one
+program serves both.
+
+Timing: the timed program's first round (the gate round when one program serves
+both), ``warmup`` more untimed rounds
+(none when MIN_REPS rounds like the first one would pass ``max_s``), then up to
 ``reps`` timed rounds per implementation, interleaved (one round of each in
 turn, so that other processes' load hits all alike), each blocked until every
 output is ready; an implementation stops early, after MIN_REPS rounds, once
 its rounds add up to ``max_s``. Compile time (trace, lower and XLA compile of
-every jitted function) is reported apart. A variant that fails (out of
+every jitted function) is reported apart: ``compile_s`` of the timed program,
+``gate_compile_s`` of the gate's. A variant that fails (out of
 memory, say) gets a row with its error and no time; the others go on.
 """
 
@@ -85,6 +103,8 @@ from fedjax_het.system.setup import profiles_from_options
 from fedjax_het.typing import Hyper, Params
 
 GATE_TOLERANCE = 5e-3
+GATE_PRECISION = "highest"  # jax.default_matmul_precision of every gate round
+PRECISIONS = ("default", "high", "highest")  # --matmul-precision choices
 MIN_REPS = 3  # timed rounds kept even past max_s
 SEED = 0
 ROUND = 0
@@ -115,9 +135,12 @@ class Setup:
 def results_path(out: str | None, name: str, *, quick: bool) -> Path:
     """``out``, else ``bench_results/<name>[-quick]-<UTC time>.jsonl``, its folder made."""
     stamp = datetime.datetime.now(datetime.UTC)
-    path = Path(out or Path(__file__).parent / "bench_results" / (
-        f"{name}{'-quick' if quick else ''}-{stamp:%Y%m%dT%H%M%SZ}.jsonl"
-    ))
+    path = Path(
+        out
+        or Path(__file__).parent
+        / "bench_results"
+        / (f"{name}{'-quick' if quick else ''}-{stamp:%Y%m%dT%H%M%SZ}.jsonl")
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -391,52 +414,101 @@ def gate_error(params: Params, reference: Params, initial: Params) -> float:
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """One implementation to measure: its row name, settings (``system`` names its gate
-    group) and a builder, called inside ``measure`` so that a failure is recorded."""
+    group) and a builder, called inside ``measure`` so that a failure is recorded (twice,
+    under each matmul precision, when the gate's and the run's differ)."""
 
     name: str
     settings: dict[str, Any]
     build: Callable[[], Implementation]
 
 
+def _first_round(variant: Variant, precision: str) -> tuple[Implementation, Params, float]:
+    """Builds ``variant`` under ``jax.default_matmul_precision(precision)`` (every function it
+    jits is traced and compiled there) and runs its first round: the implementation, the
+    round's global params on the host and the round's seconds."""
+    with jax.default_matmul_precision(precision):
+        impl = variant.build()
+    start = time.perf_counter()
+    params = jax.block_until_ready(impl.run())[0]
+    seconds = time.perf_counter() - start
+    return impl, jax.device_get(params), seconds
+
+
+def _failed(row: dict[str, Any], variant: Variant, what: str, error: Exception) -> None:
+    row["error"] = f"{what}{type(error).__name__}: {str(error)[:500]}"
+    print(f"  {variant.name:9s} {variant.settings} failed: {row['error'][:200]}", flush=True)
+
+
 def measure(
-    initial: Params, variants: list[Variant], *, warmup: int, reps: int, max_s: float
+    initial: Params,
+    variants: list[Variant],
+    *,
+    warmup: int,
+    reps: int,
+    max_s: float,
+    matmul_precision: str = GATE_PRECISION,
+    gate_precision: str = GATE_PRECISION,
 ) -> list[dict[str, Any]]:
     """Builds, validates and times each variant; returns one row each (see the module docstring).
 
     The gate reference of a variant is the first row built with the same
     ``settings["system"]``; ``initial`` are the params the round starts from.
+    Gate rounds run programs compiled under ``gate_precision``, timed rounds
+    programs compiled under ``matmul_precision`` (one program when equal).
     """
+    for precision in (matmul_precision, gate_precision):
+        if precision not in PRECISIONS:
+            raise ValueError(f"matmul precision must be one of {PRECISIONS}, got {precision!r}")
+    shared = matmul_precision == gate_precision
     rows, impls, references = [], [], {}
     for variant in variants:
-        row = {"implementation": variant.name, **variant.settings}
+        row = {
+            "implementation": variant.name,
+            **variant.settings,
+            "matmul_precision": matmul_precision,
+            "gate_matmul_precision": gate_precision,
+        }
         rows.append(row)
         try:
-            impl = variant.build()
-            start = time.perf_counter()
-            params = jax.block_until_ready(impl.run())[0]
-            row.update(compile_s=impl.compile_s, first_round_s=time.perf_counter() - start)
-            params = jax.device_get(params)
+            impl, params, gate_round_s = _first_round(variant, gate_precision)
         except Exception as error:  # noqa: BLE001 - recorded in the row, the run goes on
-            row["error"] = f"{type(error).__name__}: {str(error)[:500]}"
-            print(
-                f"  {variant.name:9s} {variant.settings} failed: {row['error'][:200]}", flush=True
-            )
+            _failed(row, variant, "" if shared else f"gate program ({gate_precision}): ", error)
             continue
+        row.update(gate_compile_s=impl.compile_s, gate_round_s=gate_round_s)
         group = variant.settings.get("system", "none")
         if group not in references:
             references[group], row["gate"] = (variant.name, params), {"reference": True}
         else:
-            reference_name, reference = references[group]
-            value = gate_error(params, reference, initial)
+            value = gate_error(params, references[group][1], initial)
             row["gate"] = {
-                "metric": f"rel_l2_to_{reference_name}",
+                "metric": f"rel_l2_to_{references[group][0]}",
                 "value": value,
                 "tolerance": GATE_TOLERANCE,
                 "passed": value <= GATE_TOLERANCE,
             }
+        reference_name, reference = references[group]
+        if shared:
+            timed_params, first_round_s = params, gate_round_s
+        elif not row["gate"].get("passed", True):
+            print(f"  {variant.name:9s} failed the gate: {row['gate']['value']:.2e}", flush=True)
+            continue  # not timed, so its timed program is not built
+        else:
+            del impl  # the gate program and its inputs leave the device first
+            try:
+                impl, timed_params, first_round_s = _first_round(variant, matmul_precision)
+            except Exception as error:  # noqa: BLE001 - recorded in the row, the run goes on
+                _failed(row, variant, f"timed program ({matmul_precision}): ", error)
+                continue
+        row.update(
+            compile_s=impl.compile_s,
+            first_round_s=first_round_s,
+            timed_rel_l2_to_reference=gate_error(timed_params, reference, initial),
+            timed_reference=reference_name,
+        )
         print(
             f"  {variant.name:9s} built: compile {row['compile_s']:.1f} s, first round "
-            f"{row['first_round_s']:.3f} s, gate {row['gate'].get('value', 'reference')}",
+            f"{row['first_round_s']:.3f} s, gate {row['gate'].get('value', 'reference')}"
+            + ("" if shared else f", {matmul_precision} {row['timed_rel_l2_to_reference']:.2e}"),
             flush=True,
         )
         if impl.timed_clients is not None:
@@ -488,8 +560,10 @@ def _time(impls: list[tuple[dict, Implementation]], *, warmup: int, reps: int, m
 
 def _ratios(rows: list[dict[str, Any]]) -> None:
     """Each timed engine row over the loop of its system and over the bare ``vmap``
-    (``ratio_to_loop``, ``ratio_to_bare_vmap``), and another algorithm's engine row over
-    FedAvg's with the same system, chunk and unrolling (``ratio_to_fedavg``)."""
+    (``ratio_to_loop``, ``ratio_to_bare_vmap``), another algorithm's engine row over
+    FedAvg's with the same system, chunk and unrolling (``ratio_to_fedavg``), and a
+    heterogeneous engine row over the same engine's (algorithm, chunk, unrolling) homogeneous
+    round (``ratio_to_homogeneous``)."""
 
     def key(row: dict[str, Any]) -> tuple:
         return row.get("system", "none"), row.get("chunk"), row.get("unroll")
@@ -506,9 +580,17 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
         for row in timed
         if row["implementation"] == "engine" and row.get("algorithm") == "fedavg"
     }
+    homogeneous = {
+        key(row)[1:] + (row.get("algorithm"),): row["median_s"]
+        for row in timed
+        if row["implementation"] == "engine" and row.get("system", "none") == "none"
+    }
     for row in timed:
         if row["implementation"] != "engine":
             continue
+        same_engine = key(row)[1:] + (row.get("algorithm"),)
+        if row.get("system", "none") != "none" and same_engine in homogeneous:
+            row["ratio_to_homogeneous"] = row["median_s"] / homogeneous[same_engine]
         if row.get("system", "none") in loop:
             row["ratio_to_loop"] = row["median_s"] / loop[row.get("system", "none")]
         if bare:
@@ -525,7 +607,12 @@ def _print(row: dict[str, Any]) -> None:
     )
     ratios = "  ".join(
         f"{name[len('ratio_to_') :]} x{row[name]:.2f}"
-        for name in ("ratio_to_loop", "ratio_to_bare_vmap", "ratio_to_fedavg")
+        for name in (
+            "ratio_to_loop",
+            "ratio_to_bare_vmap",
+            "ratio_to_fedavg",
+            "ratio_to_homogeneous",
+        )
         if name in row
     )
     print(

@@ -6,8 +6,9 @@ each client's own steps and skips the clients that do not count (float32:
 rel. 1e-5 of the round's update), and differs from the homogeneous round; the
 gate rejects a round whose update is off by 1 %; a loop timed on part of its
 cohort is labelled as extrapolated; a variant that fails leaves a row with its
-error while the others are timed; the target table says PASS / FAIL only on
-the target device.
+error while the others are timed; the gate round runs a program compiled under
+"highest" matmul precision and the timed rounds one compiled under the run's;
+the target table says PASS / FAIL only on the target devices.
 """
 
 from __future__ import annotations
@@ -97,29 +98,80 @@ def test_loop_timed_on_part_of_the_cohort_is_labelled_extrapolated(setup):
     assert row["extrapolated"] and row["timed_clients"] == 2 and row["reps_timed"] == 1
 
 
-def test_targets_are_judged_only_on_the_target_device():
+def test_gate_round_runs_under_highest_precision_and_timed_rounds_under_the_runs(setup):
+    built = []
+
+    def engine():
+        built.append(jax.config.jax_default_matmul_precision)
+        return harness.engine(setup, 1, 1)
+
+    variants = [
+        harness.Variant("loop", {"system": "none"}, lambda: harness.per_client_loop(setup)),
+        harness.Variant("engine", {"system": "none", "chunk": 1}, engine),
+    ]
+    rows = harness.measure(
+        setup.params, variants, warmup=0, reps=1, max_s=1.0, matmul_precision="default"
+    )
+    assert built == ["highest", "default"]  # two compilations: the gate's, then the timed one
+    for row in rows:
+        assert (row["gate_matmul_precision"], row["matmul_precision"]) == ("highest", "default")
+        assert row["timed_reference"] == "loop" and row["timed_rel_l2_to_reference"] < 1e-5
+        assert "gate_compile_s" in row and row["reps_timed"] == 1
+    built.clear()
+    (row,) = harness.measure(setup.params, variants[1:], warmup=0, reps=1, max_s=1.0)
+    assert built == ["highest"] and row["matmul_precision"] == "highest"  # one program
+
+
+def test_targets_are_judged_only_on_the_target_devices():
     suite = bench_throughput.SUITES["gpu"]
 
-    def engine_row(workload, cohort, system, **values):
+    def engine_row(workload, cohort, system, algorithm="fedavg", **values):
         return {
             "workload": workload,
             "cohort": cohort,
             "implementation": "engine",
-            "algorithm": "fedavg",
+            "algorithm": algorithm,
             "system": system,
             **values,
         }
 
     rows = [
-        engine_row("W1", 1000, "flash-deadline", ratio_to_bare_vmap=1.2, median_s=0.1),
-        engine_row("W1", 1000, "none", ratio_to_bare_vmap=1.1, median_s=0.09),
-        engine_row("W2", 100, "flash-deadline", ratio_to_bare_vmap=1.3, median_s=0.2),
-        {"workload": "W2", "cohort": 1000, "implementation": None, "error": "OOM"},
+        engine_row("W1", 1000, "flash-deadline", ratio_to_bare_vmap=1.2, ratio_to_homogeneous=0.7),
+        engine_row("W1", 1000, "none", ratio_to_bare_vmap=1.1, ratio_to_loop=0.4),
+        engine_row("W1", 1000, "none", "scaffold", ratio_to_fedavg=1.4),
+        engine_row("W2", 100, "flash-deadline", ratio_to_bare_vmap=1.3),
+        engine_row("W2", 1000, "none", "scaffold", median_s=2.0),
+        {"workload": "W1", "cohort": 10000, "implementation": None, "error": "OOM"},
     ]
-    judged = bench_throughput.evaluate_targets(
-        rows, suite, quick=False, device="gpu:NVIDIA H100 80GB HBM3"
-    )
-    assert [t["status"] for t in judged] == ["PASS", "FAIL", "error"]
-    assert judged[0]["homogeneous_value"] == 1.1
+    judged = {
+        (t["metric"], t["workload"], t["cohort"], t["system"], t["algorithm"]): t
+        for t in bench_throughput.evaluate_targets(
+            rows, suite, quick=False, device="gpu:NVIDIA H200"
+        )
+    }
+    status = {key[:4]: t["status"] for key, t in judged.items()}
+    het = "flash-deadline"
+    assert status[("ratio_to_bare_vmap", "W1", 1000, het)] == "PASS"  # 1.2 <= 1.25
+    assert judged[("ratio_to_bare_vmap", "W1", 1000, het, "fedavg")]["homogeneous_value"] == 1.1
+    assert status[("ratio_to_homogeneous", "W1", 1000, het)] == "PASS"  # 0.7 <= 0.75
+    assert status[("ratio_to_bare_vmap", "W2", 100, het)] == "FAIL"  # 1.3 > 1.25
+    assert status[("ratio_to_bare_vmap", "W1", 10000, het)] == "error"  # the cell's OOM row
+    assert status[("ratio_to_loop", "W1", 1000, "none")] == "PASS"  # 0.4 <= 0.5
+    assert status[("ratio_to_loop", "W2", 10, "none")] == "not measured"
+    assert judged[("ratio_to_fedavg", "W1", 1000, "none", "scaffold")]["status"] == "FAIL"  # 1.4
+    assert judged[("runs", "W2", 1000, "none", "scaffold")]["status"] == "PASS"
+    assert len(judged) == len(suite.targets) == 21
     elsewhere = bench_throughput.evaluate_targets(rows, suite, quick=False, device="cpu:cpu")
-    assert [t["status"] for t in elsewhere] == ["not an H100", "not an H100", "error"]
+    assert {t["status"] for t in elsewhere} == {
+        "not an H100/H200",
+        "not measured",
+        "error",
+        "no value",  # the W2/100 heterogeneous row has no ratio_to_homogeneous
+    }
+    cpu = bench_throughput.evaluate_targets(
+        [engine_row("W1", 100, "flash-deadline", ratio_to_homogeneous=0.8)],
+        bench_throughput.SUITES["cpu"],
+        quick=False,
+        device="cpu:cpu",
+    )
+    assert [t["status"] for t in cpu] == ["not measured"] * 3 + ["FAIL"]
