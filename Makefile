@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench lint clean
+.PHONY: run test bench device-check lint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
 	$(BIN)/python experiments/bench_throughput.py $(ARGS)
+
+# On a lent GPU machine (python3 with CUDA JAX, no network; no venv needed), at most 8 minutes:
+# make device-check OUT=dir [ARGS=--quick] [PYTHON=...]. See experiments/README.md, Device check.
+device-check:
+	$(if $(OUT),,$(error device-check writes to OUT=dir))
+	PYTHON=$(PYTHON) bash experiments/device_check.sh $(OUT) $(ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -1,0 +1,69 @@
+"""experiments/device_check.sh --quick: the device check's CPU dry run.
+
+The script that a lent GPU machine runs (install without network, environment,
+throughput cells, invariance tests, default experiment, targets summary) runs
+here at tiny sizes with this interpreter (``PYTHON``; the install is skipped
+since this checkout's package is importable). It must exit 0 and leave at most
+8 plain files with plain names (what the device tool brings back), a JSONL of
+gated and timed rows with both matmul precisions and a targets line, and a
+summary. About a minute on a quiet 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quick_device_check_runs_every_stage_and_writes_its_files(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    # conftest's fake CPU devices would make the default experiment shard over four devices
+    env["XLA_FLAGS"] = re.sub(
+        r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")
+    ).strip()
+    done = subprocess.run(
+        ["bash", str(REPO / "experiments" / "device_check.sh"), str(out), "--quick"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    files = list(out.iterdir())
+    assert 1 <= len(files) <= 8 and all(f.is_file() for f in files)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", f.name) for f in files)
+    names = {f.name for f in files}
+    assert {"device_check.log", "environment.txt", "throughput.jsonl", "summary.md"} <= names
+
+    lines = [json.loads(line) for line in (out / "throughput.jsonl").read_text().splitlines()]
+    rows, last = lines[:-1], lines[-1]
+    gated = [row for row in rows if "passed" in row.get("gate", {})]
+    assert gated and all(row["gate"]["passed"] for row in gated)
+    assert {row["workload"] for row in rows} == {"W1", "W2"}
+    assert all("median_s" in row for row in rows)  # every implementation was timed
+    assert all(
+        (row["gate_matmul_precision"], row["matmul_precision"]) == ("highest", "highest")
+        for row in rows
+    )
+    assert {"engine", "loop", "bare_vmap"} <= {row["implementation"] for row in rows}
+    assert {"flash-deadline", "none"} <= {row["system"] for row in rows}
+    assert "scaffold" in {row["algorithm"] for row in rows}
+
+    assert last["suite"] == "gpu" and last["evaluated_rows"] == len(rows)
+    statuses = {t["status"] for t in last["targets"]}
+    assert statuses <= {"quick (not the target size)", "not measured"}, statuses
+    assert "quick (not the target size)" in statuses
+
+    summary = (out / "summary.md").read_text()
+    assert "Targets on cpu:cpu" in summary and "| throughput-W2 | ok |" in summary
+    assert "Invariance tests: 1 passed" in summary
+    assert "Default experiment: status completed" in summary
