@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedjax_het import checkpoint, distributed, results
+from fedjax_het import checkpoint, compilation, distributed, results
 from fedjax_het import config as config_lib
 from fedjax_het.checkpoint import CheckpointError
 from fedjax_het.divergence import Diverged
@@ -144,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.config = args.config or _stored_config(args.resume, "config.toml")
         raw = config_lib.load(args.config, args.set)
         distributed.initialize(config_lib.cluster(raw))
+        compilation.configure(config_lib.compile_cache(raw))  # before build compiles anything
         experiment = config_lib.build(raw)
         if args.command == "config":
             print(results.to_toml(experiment.config), end="")
@@ -186,14 +187,15 @@ def _run_mediated(experiment: config_lib.Experiment, args: argparse.Namespace) -
                       "keep no checkpoint; start the run again")
     system, kwargs = experiment.system, experiment.run_kwargs()
     try:
-        result = gandalf.run_gandalf(
-            experiment.data, experiment.model, experiment.algorithm, experiment.mediated,
-            rounds=kwargs["rounds"], work=experiment.work, hyper=experiment.hyper,
-            seed=kwargs["seed"], eval_every=kwargs["eval_every"],
-            profiles=None if system is None else system.profiles,
-            start=0.0 if system is None else float(system.policy.start),
-            targets=(0.5, 0.6, 0.7, 0.8), progress=not args.no_progress,
-        )
+        with compilation.applied(kwargs["matmul_precision"], kwargs["compile_cache"]):
+            result = gandalf.run_gandalf(
+                experiment.data, experiment.model, experiment.algorithm, experiment.mediated,
+                rounds=kwargs["rounds"], work=experiment.work, hyper=experiment.hyper,
+                seed=kwargs["seed"], eval_every=kwargs["eval_every"],
+                profiles=None if system is None else system.profiles,
+                start=0.0 if system is None else float(system.policy.start),
+                targets=(0.5, 0.6, 0.7, 0.8), progress=not args.no_progress,
+            )
         out = gandalf.write_run(result, args.out, experiment.config, overwrite=True)
     except ValueError as err:
         return _error(err)
@@ -285,7 +287,9 @@ def _sweep(args: argparse.Namespace) -> int:
         args.cells_at_once, args.one_program = stored["cells_at_once"], stored["one_program"]
         args.out = args.resume
     try:
-        distributed.initialize(config_lib.cluster(config_lib.load(args.config, args.set)))
+        raw = config_lib.load(args.config, args.set)
+        distributed.initialize(config_lib.cluster(raw))
+        compilation.configure(config_lib.compile_cache(raw))  # before the cells are built
         axes = [grid.parse_axis(spec) for spec in args.grid or ()]
         plan = grid.plan(args.config, args.set, axes, one_program=args.one_program)
         out = Path(args.out or _default_out(plan.cells[0].config, "sweep-"))

@@ -39,7 +39,13 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
                         # devices (0 = every local device), precision: "float32", "bfloat16"
                         # (local training) or "float64" (the whole run, for reference work),
                         # nonfinite: "stop" or "drop" (fedjax_het.divergence),
-                        # checkpoint_every (rounds; 0 = only at the end and on Ctrl-C)
+                        # checkpoint_every (rounds; 0 = only at the end and on Ctrl-C),
+                        # matmul_precision: "highest" (float32 products on every backend),
+                        # "high" (bf16x3 on GPU) or "default" (TF32 on GPU: about 1e-2
+                        # from float32; on CPU all three are the same arithmetic),
+                        # compile_cache: true keeps compiled programs on disk for the next
+                        # run (fedjax_het.compilation: $FEDJAX_HET_CACHE_DIR, else
+                        # ~/.cache/fedjax_het/xla); false compiles everything afresh
 
     [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
     devices = "flash"   # uniform, lognormal, flash; availability = always, bernoulli, strict...
@@ -86,7 +92,7 @@ from typing import Any
 
 import jax
 
-from fedjax_het import compression, distributed, gandalf, models, privacy, registry
+from fedjax_het import compilation, compression, distributed, gandalf, models, privacy, registry
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.client_store import PLACEMENTS
 from fedjax_het.data import catalog, feature_skew, partitioners
@@ -117,7 +123,8 @@ DEFAULTS: dict[str, Any] = {
     "engine": {
         "chunk": 0, "unroll": 1, "weighting": "examples", "eval_batch_size": 1024,
         "client_state": "auto", "devices": 0, "precision": "float32", "nonfinite": "stop",
-        "checkpoint_every": 50,
+        "checkpoint_every": 50, "matmul_precision": compilation.DEFAULT_MATMUL_PRECISION,
+        "compile_cache": True,
     },
     "system": {},
     "policy": {},
@@ -131,6 +138,7 @@ SCALARS = {"seed": int, "rounds": int, "eval_every": int}
 ENGINE = {
     "chunk": int, "unroll": int, "weighting": str, "eval_batch_size": int, "client_state": str,
     "devices": int, "precision": str, "nonfinite": str, "checkpoint_every": int,
+    "matmul_precision": str, "compile_cache": bool,
 }
 UNBOUNDED: dict[str, str] = {
     "partition.beta": "no skew: the Dirichlet limit of equal proportions",
@@ -175,6 +183,8 @@ class Experiment:
             "precision": engine["precision"],
             "nonfinite": engine["nonfinite"],
             "checkpoint_every": engine["checkpoint_every"],
+            "matmul_precision": engine["matmul_precision"],
+            "compile_cache": engine["compile_cache"],
             "system": self.system,
             "select": self.select,
             "server": self.server,
@@ -276,6 +286,13 @@ def cluster(config: Mapping[str, Any]) -> distributed.Cluster:
     """The ``[distributed]`` table of a merged config, checked (read before ``build``:
     ``jax.distributed.initialize`` must come before JAX computes anything)."""
     return _construct("distributed", distributed.Cluster, config["distributed"])
+
+
+def compile_cache(config: Mapping[str, Any]) -> bool:
+    """``engine.compile_cache`` of a merged config, checked (read before ``build``, which may
+    compile: ``compilation.configure`` comes first so that those programs are cached too)."""
+    default = DEFAULTS["engine"]["compile_cache"]
+    return _check("engine.compile_cache", config["engine"].get("compile_cache", default), bool)
 
 
 def schema(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -593,6 +610,10 @@ def _check_run(config: dict[str, Any]) -> None:
             f"engine.precision must be one of {', '.join(map(repr, PRECISIONS))}, got "
             f"{engine['precision']!r}"
         )
+    try:
+        compilation.check_matmul_precision(engine["matmul_precision"], "engine.matmul_precision")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for key in ("unroll", "eval_batch_size"):
         if engine[key] < 1:
             raise ConfigError(f"engine.{key} must be >= 1, got {engine[key]}")

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from fedjax_het import (
     checkpoint,
     client_store,
+    compilation,
     distributed,
     interrupt,
     memory,
@@ -543,6 +544,8 @@ class Recorder:
             "chunk_plan": setup.chunk_plan.describe(),
             "devices": 1 if setup.round.mesh is None else setup.round.mesh.size,
             "backend": jax.default_backend(),
+            "matmul_precision": compilation.matmul_precision_in_effect(),
+            "compile_cache": compilation.record(),
             "client_state_placement": setup.state_plan.placement,
             "client_state_bytes": setup.state_plan.held_bytes(setup.round.store),
             "to_accuracy": time_to_accuracy(evaluations, targets),
@@ -642,6 +645,7 @@ def train_loop(
     return LoopEnd(state, ev, compile_s, done, stopped)
 
 
+@compilation.engine_options
 def run(
     data: FederatedData,
     model: Model,
@@ -672,6 +676,8 @@ def run(
     resume: bool = False,
     overwrite: bool = False,
     server: event_schedule.AsyncServer | None = None,
+    matmul_precision: str = compilation.DEFAULT_MATMUL_PRECISION,
+    compile_cache: bool = True,
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -740,6 +746,13 @@ def run(
         arrivals, each trained from the model version it downloaded (``plan_events``, a ring
         of ``max_staleness + 1`` recent models). The metrics add applied, discarded and
         dropped updates, concurrency and staleness (``metrics.EventAccounting``).
+      matmul_precision: "highest", "high" or "default": ``jax.default_matmul_precision``
+        while the run traces its programs (``fedjax_het.compilation``; on CPU all three
+        are the same arithmetic, on GPU "default" is TF32 and "high" bf16x3).
+      compile_cache: keep compiled programs in the persistent compilation cache
+        (``compilation.cache_dir()``), so that the next process running the same config
+        loads them instead of compiling; False: the cache off for this process.
+        ``summary["compile_cache"]`` counts what the run compiled and loaded.
 
     Returns:
       A :class:`History`.

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import checkpoint, client_store, rng, simulate
+from fedjax_het import checkpoint, client_store, compilation, rng, simulate
 from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.cohort import client_mesh
 from fedjax_het.data.batching import LocalWork
@@ -82,6 +82,7 @@ class Cell:
     config: Mapping[str, Any] | None = None
 
 
+@compilation.engine_options
 def sweep(
     data: FederatedData,
     model: Model,
@@ -112,6 +113,8 @@ def sweep(
     resume: bool = False,
     overwrite: bool = False,
     server: AsyncServer | None = None,
+    matmul_precision: str = compilation.DEFAULT_MATMUL_PRECISION,
+    compile_cache: bool = True,
 ) -> list[History]:
     """Runs every cell in one compiled simulation; one ``History`` per cell, in order.
 
@@ -143,6 +146,8 @@ def sweep(
         directories that already hold files.
       server: must be None (taken so that ``Experiment.run_kwargs`` passes through): an
         asynchronous server runs with ``simulate.run``, one setting at a time.
+      matmul_precision, compile_cache: as in ``simulate.run``: applied around the whole
+        sweep, every program of every chunk of cells.
 
     The cells' systems must share the availability store, the policy's kind and
     switches, and the way clients are selected (``simulate.plan_runs``;

@@ -6,16 +6,28 @@
   not already chosen a device count.
 - Rank promotion raises: ``[n] + [n, 1]`` broadcasting by accident is an error,
   not a silent ``[n, n]``.
+- The persistent compilation cache is a temporary folder of the session
+  (``FEDJAX_HET_CACHE_DIR``), so that no test writes to ``~/.cache/fedjax_het``.
 
 Warnings are errors through ``filterwarnings = error`` in ``pyproject.toml``.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=4".strip()
+
+# The persistent compilation cache (fedjax_het.compilation) of every run in the session, and
+# of the commands tests start in subprocesses: a folder of its own, removed at the end; never
+# the user's ~/.cache.
+_CACHE = tempfile.mkdtemp(prefix="fedjax_het-test-xla-")
+os.environ["FEDJAX_HET_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 import jax
 
