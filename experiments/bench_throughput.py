@@ -81,9 +81,8 @@ import bench_scale
 import jax
 import numpy as np
 
-from fedjax_het import models, results
+from fedjax_het import memory, models, results
 from fedjax_het.algorithms.scaffold import scaffold
-from fedjax_het.cohort import auto_chunk
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
 
@@ -257,11 +256,13 @@ def variants(
     algorithms: list[str],
     algorithm_systems: list[str],
     loop_clients: int | None,
+    masked: bool = False,
 ) -> tuple[list[harness.Variant], Callable[[], tuple[Any, dict]]]:
     """The cell's variants, each system's baselines first (its gate reference), and the
     memoised builder of the heterogeneous schedule row (built by the first variant needing it,
     so that its failure is recorded in the rows). FedAvg's engine runs under every system,
-    the other ``algorithms`` under those of ``algorithm_systems``."""
+    the other ``algorithms`` under those of ``algorithm_systems``; with ``masked`` FedAvg's
+    engine also runs every masked step (``proportional=False``) beside each of its rows."""
     plan = functools.cache(functools.partial(harness.flash_deadline_plan, setup))
     out = []
     for system in systems:
@@ -275,26 +276,39 @@ def variants(
                 continue  # the bare vmap has no masks: it is the homogeneous lower bound
             out.append(harness.Variant(baseline, {"system": system, "algorithm": "fedavg"}, build))
         for chunk in chunks:
-            size = auto_chunk(setup.cohort) if chunk == "auto" else chunk
+            size = planned_chunk(setup) if chunk == "auto" else chunk
             for unroll in unrolls:
                 for algorithm in algorithms:
                     if algorithm != "fedavg" and system not in algorithm_systems:
                         continue
-                    settings = {
-                        "system": system,
-                        "algorithm": algorithm,
-                        "chunk": size,
-                        "chunk_from": "auto_chunk" if chunk == "auto" else "--chunk",
-                        "unroll": unroll,
-                    }
                     factory = ALGORITHMS[algorithm]
+                    for proportional in (True, False) if masked and factory is None else (True,):
+                        settings = {
+                            "system": system,
+                            "algorithm": algorithm,
+                            "chunk": size,
+                            "chunk_from": "memory.plan_chunk" if chunk == "auto" else "--chunk",
+                            "unroll": unroll,
+                            "proportional": proportional,
+                        }
 
-                    def build(size=size, unroll=unroll, factory=factory, p=row_plan):
-                        made = None if factory is None else factory()
-                        return harness.engine(setup, size, unroll, made, p())
+                        def build(size=size, unroll=unroll, factory=factory, p=row_plan,
+                                  proportional=proportional):
+                            made = None if factory is None else factory()
+                            return harness.engine(setup, size, unroll, made, p(), proportional)
 
-                    out.append(harness.Variant("engine", settings, build))
+                        out.append(harness.Variant("engine", settings, build))
     return out, plan
+
+
+def planned_chunk(setup: harness.Setup) -> int:
+    """The chunk ``simulate.run`` would choose for the cell: ``memory.plan_chunk`` on this
+    device (its backend's preference, the model's convolutions, the free memory)."""
+    round_ = setup.round_
+    return memory.plan_chunk(
+        round_.spec, setup.hyper, setup.train, num_clients=round_.sampler.num_clients,
+        cohort=setup.cohort,
+    ).chunk
 
 
 def run_cell(
@@ -349,6 +363,7 @@ def best_engine_row(
         for row in cell
         if (row["implementation"], row.get("algorithm"), row.get("system"))
         == ("engine", algorithm, system)
+        and row.get("proportional", True)  # a --masked row is the comparison, not the engine
     ]
     if metric == "runs":
         ran = [row for row in found if "error" not in row]
@@ -535,7 +550,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--chunk",
         default="auto",
-        help="engine chunk sizes, comma list; 'auto' is cohort.auto_chunk",
+        help="engine chunk sizes, comma list; 'auto' is memory.plan_chunk's (as simulate.run)",
+    )
+    parser.add_argument(
+        "--masked",
+        action="store_true",
+        help="also time FedAvg's engine running every masked step (before work-proportional rounds)",
     )
     parser.add_argument("--unroll", default="1", help="engine local-step unrolling, comma list")
     parser.add_argument(
@@ -649,6 +669,7 @@ def main(argv: list[str] | None = None) -> None:
                 unrolls=unrolls,
                 algorithms=algorithms,
                 algorithm_systems=algorithm_systems,
+                masked=args.masked,
                 loop_clients=loop_clients,
                 warmup=warmup,
                 reps=reps,

@@ -162,11 +162,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for cell, hyper in zip(cells, hypers):
         key = rng.seed_key(cell.seed)
-        runs.append((one.programs(key, hyper=hyper)[0], one.init(key, hyper=hyper)))
+        runs.append((one.programs(key, hyper=hyper, donate=False)[0], one.init(key, hyper=hyper)))
     reference = [b(s, ids, None)[0].server_state for b, s in runs]
     blocks, gate = {}, {"rtol": GATE_RTOL, "whole_runs_map_bitwise": drift["map"]["max_rel_error"] == 0}
     for mode, batch in MODES.items():
-        blocks[mode], _ = many.programs(keys, cells=True, hyper=stacked,
+        blocks[mode], _ = many.programs(keys, cells=True, hyper=stacked, donate=False,
                                         cell_batch=None if batch == len(cells) else batch)
         out = blocks[mode](state, ids, None)[0].server_state
         gate[f"block_{mode}_max_rel_error"] = max(

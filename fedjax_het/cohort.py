@@ -1,13 +1,19 @@
 """Running a cohort of clients as one program (DESIGN.md §6).
 
 The only place that adds the client axis. Clients run in chunks: a
-``lax.scan`` over chunks of ``chunk`` clients, each chunk a ``vmap``, with the
-running sums of the aggregator as the scan carry, added slot by slot in cohort
-order. Memory is ``chunk x params``, and the sums are the same bits for every
-chunk size: vmapped chunks of any size give bitwise the same run; chunk 1 runs
-each client without ``vmap``, which XLA compiles to other kernels, so it
-matches them to float rounding of the client's own arithmetic
-(``tests/test_engine_invariance.py``).
+``lax.scan`` over chunks of ``chunk`` clients, each chunk a ``vmap``. The
+slots run in work order (most planned steps first, idle slots last) and each
+chunk's step loop stops at its longest client (a chunk of idle slots runs no
+step), so a heterogeneous round costs about the work its clients do.
+
+Contributions are added by a fixed pairwise tree over the slots in that order:
+inside a chunk one parallel add per level, across chunks a binary counter of
+pending subtrees in the scan's carry. Memory is ``chunk x params``, the adds run
+in parallel, and the sums are the same bits for every chunk size: vmapped
+chunks of any size give bitwise the same run (``effective_chunk``: a power of
+two, or the whole cohort); chunk 1 runs each client without ``vmap``, which XLA
+compiles to other kernels, so it matches them to float rounding of the
+client's own arithmetic (``tests/test_engine_invariance.py``).
 
 With a ``mesh`` the cohort is first split over devices (``shard_map``): each
 device runs its share of the slots in chunks and the devices' sums are added
@@ -26,27 +32,34 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from flax import struct
+
 from fedjax_het.algorithm import Aggregator, ClientStats
-from fedjax_het.local import ClientTask
+from fedjax_het.client_store import ClientStore
+from fedjax_het.local import NO_STEP_LIMIT, ClientTask
 from fedjax_het.typing import ClientState, PyTree, Update
 
 ClientFn = Callable[[ClientState, ClientTask], tuple[Update, ClientState, ClientStats]]
 
 
-def auto_chunk(cohort_size: int, *, backend: str | None = None) -> int:
-    """The chunk size used when none is given.
+CPU_CHUNK = 16  # a dense model's clients per vmap on CPU (experiments/README.md, "Chunks")
 
-    On CPU one client at a time (chunk 1) wins: XLA:CPU gains nothing from
-    batching small matmuls and loses on batched convolutions (see
-    ``experiments/README.md``). On accelerators the whole cohort runs as one
-    ``vmap`` up to 128 clients per chunk, past which a CNN cohort's
-    activations stop fitting fast memory (DESIGN.md §6 measured a 6x per-client
-    slowdown for 1000 CNN clients in one ``vmap``).
+
+def auto_chunk(
+    cohort_size: int, *, backend: str | None = None, convolutional: bool = False
+) -> int:
+    """The chunk a backend prefers before memory is counted (``memory.plan_chunk`` lowers it).
+
+    On accelerators the whole cohort as one ``vmap``: the bigger the batch of
+    clients, the fuller the device. On CPU a dense model runs ``CPU_CHUNK``
+    clients per ``vmap`` (batched matrix products beat one client at a time), a
+    convolutional one chunk 1 (XLA:CPU's batched convolutions are slower than a
+    loop of single ones; ``experiments/README.md``).
     """
     backend = backend or jax.default_backend()
-    if backend == "cpu":
-        return 1
-    return min(cohort_size, 128)
+    if backend != "cpu":
+        return cohort_size
+    return 1 if convolutional else min(cohort_size, CPU_CHUNK)
 
 
 CLIENTS = "clients"  # the mesh axis the cohort is sharded over
@@ -67,6 +80,34 @@ def client_mesh(devices: int | None = None) -> Mesh | None:
     return None if count == 1 else Mesh(np.asarray(available[:count]), (CLIENTS,))
 
 
+@struct.dataclass
+class StateTable:
+    """Every client's state ``[N, ...]`` as its store holds it, read and written in place.
+
+    Given to ``run_cohort``, each chunk gathers its slots' rows (``rows``, the
+    client ids) from ``held`` and writes back the rows of its counted slots, so
+    that a round never holds the cohort's states beside the table: memory is
+    ``table + chunk x row``, not ``table + 2 x cohort x row``. The rows of one
+    cohort must be distinct (a synchronous cohort's are).
+    """
+
+    held: ClientState
+    rows: jax.Array
+    store: ClientStore = struct.field(pytree_node=False)
+
+
+def effective_chunk(chunk: int, slots: int) -> int:
+    """The clients per ``vmap`` a cohort of ``slots`` runs with for a requested ``chunk``.
+
+    Every slot in one chunk when ``chunk >= slots``; otherwise the largest power of
+    two not above ``chunk``, so that chunks are whole subtrees of the cohort's
+    reduction tree (``run_cohort``) and every chunk size sums to the same bits.
+    """
+    if chunk < 1 or slots < 1:
+        raise ValueError(f"chunk and slots must be >= 1, got {chunk} and {slots}")
+    return slots if chunk >= slots else 1 << (chunk.bit_length() - 1)
+
+
 def run_cohort(
     client_fn: ClientFn,
     client_states: ClientState,
@@ -76,50 +117,115 @@ def run_cohort(
     chunk: int,
     mesh: Mesh | None = None,
     drop_nonfinite: bool = False,
+    steps: jax.Array | None = None,
+    table: StateTable | None = None,
+    proportional: bool = True,
 ) -> tuple[PyTree, ClientState, ClientStats]:
     """Runs every slot of a cohort and sums their contributions.
 
+    **Order and reduction.** With ``steps`` the slots run in their *work order*:
+    sorted (stably) by planned steps, most first, with the idle slots last (weight 0
+    and no steps: dropped, late, unavailable, padding); without, in cohort order.
+    Contributions are added by a fixed pairwise tree over that order (padded with
+    zeros to a power of two), so every chunk size that runs clients as a ``vmap``
+    gives the same bits, and the tree's levels run in parallel instead of one slot
+    after another. Homogeneous cohorts (equal steps) keep cohort order.
+
+    **Work.** A chunk's step loop stops at its most planned steps
+    (``ClientTask.step_bound``; none for a chunk of idle slots), so sorted chunks
+    do about the work their clients do. The masks keep their meaning: the results
+    equal a run of every masked step bit for bit (``proportional=False``,
+    ``tests/test_work_proportional.py``). The loop is the same program either way,
+    only its trip count differs; no ``cond`` compiles the work apart.
+
     Args:
       client_fn: one client's round, ``(client_state, task) -> (update, state, stats)``.
-      client_states: the cohort's states, leading axis ``[m]``.
+      client_states: the cohort's per-slot inputs, leading axis ``[m]`` (with
+        ``table``: what ``client_fn`` receives beside its state row, as
+        ``(row, input)``; None: the row alone).
       tasks: the cohort's tasks, leading axis ``[m]``.
       aggregator: supplies each client's contribution to the sums.
-      chunk: clients per ``vmap``; the cohort is padded with weight-0,
-        zero-step slots up to a multiple of it.
+      chunk: clients per ``vmap`` (``effective_chunk``); chunk 1 runs each client
+        without ``vmap``.
       mesh: shard the slots over this mesh's ``CLIENTS`` axis (``shard_map``):
         each device runs ``ceil(m / devices)`` slots in chunks, and the sums are
-        a ``psum`` across devices. None: one device.
+        a ``psum`` across devices (equal to one device's within float summation
+        order). None: one device.
       drop_nonfinite: a slot whose update holds a NaN or an infinity enters the
         sums as a zero update at weight 0 (else it poisons them, and the run's
         divergence check stops the run).
+      steps: int32 ``[m]`` each slot's planned local steps (``local.planned_steps``),
+        for the work order and the chunks' step bounds; None: cohort order, and each
+        client bounds its own steps.
+      table: read and write the client states in place, chunk by chunk (one device).
+      proportional: bound each chunk's steps (above); False runs every static step
+        of every slot, masked past its own count, in the same order, to the same bits.
 
     Returns:
-      The aggregator's sums, the new client states ``[m]`` and stats ``[m]``, whose
-      ``finite`` says which updates were finite.
+      The aggregator's sums, the new client states ``[m]`` (with ``table``: the
+      table with the counted slots' rows written) and stats ``[m]``, whose
+      ``finite`` says which updates were finite; all in cohort order.
     """
-    if mesh is None or mesh.size == 1:
-        return _run_chunks(client_fn, client_states, tasks, aggregator, chunk, drop_nonfinite)
     m = tasks.client_id.shape[0]
-    per_device = math.ceil(m / mesh.size)
-    states, tasks = _padded(client_states, tasks, per_device * mesh.size)
-
-    def shard(states, tasks):
+    order = None if steps is None else work_order(tasks, steps)
+    if order is not None:
+        client_states, tasks, steps = _take((client_states, tasks, steps), order)
+        if table is not None:
+            table = table.replace(rows=table.rows[order])
+    if mesh is None or mesh.size == 1:
         sums, new_states, stats = _run_chunks(
-            client_fn, states, tasks, aggregator, chunk, drop_nonfinite
+            client_fn, client_states, tasks, aggregator, chunk, drop_nonfinite, steps, table,
+            proportional,
         )
-        return jax.lax.psum(sums, CLIENTS), new_states, stats
+    else:
+        if table is not None:
+            raise ValueError("a state table is read in place on one device only; gather instead")
+        per_device = math.ceil(m / mesh.size)
+        states, padded_tasks, padded_steps = _padded(
+            client_states, tasks, steps, per_device * mesh.size
+        )
 
-    sharded = P(CLIENTS)
-    # check_vma off: user algorithms may hold custom derivatives (SCAFFOLD's
-    # gradient_term) whose primal outputs do not carry the device-varying type.
-    sums, new_states, stats = jax.shard_map(
-        shard, mesh=mesh, in_specs=(sharded, sharded), out_specs=(P(), sharded, sharded),
-        check_vma=False,
-    )(states, tasks)
-    return sums, *jax.tree.map(lambda x: x[:m], (new_states, stats))
+        def shard(states, tasks, steps):
+            sums, new_states, stats = _run_chunks(
+                client_fn, states, tasks, aggregator, chunk, drop_nonfinite, steps, None,
+                proportional,
+            )
+            return jax.lax.psum(sums, CLIENTS), new_states, stats
+
+        sharded = P(CLIENTS)
+        # check_vma off: user algorithms may hold custom derivatives (SCAFFOLD's
+        # gradient_term) whose primal outputs do not carry the device-varying type.
+        sums, new_states, stats = jax.shard_map(
+            shard, mesh=mesh, in_specs=(sharded, sharded, sharded),
+            out_specs=(P(), sharded, sharded), check_vma=False,
+        )(states, padded_tasks, padded_steps)
+        new_states, stats = jax.tree.map(lambda x: x[:m], (new_states, stats))
+    if order is not None:
+        inverse = jnp.argsort(order)
+        stats = _take(stats, inverse)
+        if table is None:
+            new_states = _take(new_states, inverse)
+    return sums, new_states, stats
 
 
-def _padded(states: ClientState, tasks: ClientTask, size: int) -> tuple[ClientState, ClientTask]:
+def work_order(tasks: ClientTask, steps: jax.Array) -> jax.Array:
+    """The slots sorted by planned ``steps``, most first, idle slots last; ties in cohort order."""
+    work = jnp.where(_idle(tasks, steps), -1, steps)
+    return jnp.argsort(-work, stable=True)
+
+
+def _idle(tasks: ClientTask, steps: jax.Array | None) -> jax.Array:
+    """Slots that neither count (weight 0) nor train (no steps): their outputs are discarded."""
+    return (tasks.weight == 0) & ((tasks.step_limit if steps is None else steps) == 0)
+
+
+def _take(tree: PyTree, order: jax.Array) -> PyTree:
+    return jax.tree.map(lambda x: x[order], tree)
+
+
+def _padded(
+    states: ClientState, tasks: ClientTask, steps: jax.Array | None, size: int
+) -> tuple[ClientState, ClientTask, jax.Array | None]:
     """States and tasks padded to ``size`` slots by copies of the first, at weight 0 and no steps."""
     m = tasks.client_id.shape[0]
 
@@ -131,29 +237,36 @@ def _padded(states: ClientState, tasks: ClientTask, size: int) -> tuple[ClientSt
     padded_tasks = jax.tree.map(pad, tasks).replace(
         weight=pad(tasks.weight, 0), step_limit=pad(tasks.step_limit, 0)
     )
-    return jax.tree.map(pad, states), padded_tasks
+    return jax.tree.map(pad, states), padded_tasks, None if steps is None else pad(steps, 0)
 
 
 def _run_chunks(
     client_fn: ClientFn, client_states: ClientState, tasks: ClientTask, aggregator: Aggregator,
-    chunk: int, drop_nonfinite: bool,
+    chunk: int, drop_nonfinite: bool, steps: jax.Array | None, table: StateTable | None,
+    proportional: bool,
 ) -> tuple[PyTree, ClientState, ClientStats]:
-    """``run_cohort`` on one device: a ``lax.scan`` over chunks, each a ``vmap``."""
+    """``run_cohort`` on one device, slots in run order: a ``lax.scan`` over chunks, each a
+    ``vmap``, whose carry holds the reduction tree's pending subtrees (and the table)."""
     m = tasks.client_id.shape[0]
-    chunk = max(1, min(chunk, m))
+    chunk = effective_chunk(chunk, m)
     num_chunks = math.ceil(m / chunk)
     padded = num_chunks * chunk
-    states, tasks = _padded(client_states, tasks, padded)
-    chunked_states, chunked_tasks = jax.tree.map(
-        lambda x: x.reshape(num_chunks, chunk, *x.shape[1:]), (states, tasks)
+    rows = None if table is None else table.rows
+    states, tasks, steps = _padded(client_states, tasks, steps, padded)
+    if rows is not None:
+        rows = jnp.concatenate([rows, jnp.broadcast_to(rows[:1], (padded - m,))])
+    chunked = jax.tree.map(
+        lambda x: x.reshape(num_chunks, chunk, *x.shape[1:]), (states, tasks, steps, rows)
     )
 
-    def run_chunk(states, chunk_tasks):
+    def run_chunk(states, chunk_tasks, bound):
+        bound = None if bound is None else jnp.asarray(bound, jnp.int32)
+        bounded = lambda s, t: client_fn(s, t if bound is None else t.replace(step_bound=bound))
         if chunk == 1:
             single = jax.tree.map(lambda x: x[0], (states, chunk_tasks))
-            update, state, stats = jax.tree.map(lambda x: x[None], client_fn(*single))
+            update, state, stats = jax.tree.map(lambda x: x[None], bounded(*single))
         else:
-            update, state, stats = jax.vmap(client_fn)(states, chunk_tasks)
+            update, state, stats = jax.vmap(bounded)(states, chunk_tasks)
         return update, state, stats.replace(finite=jax.vmap(_all_finite)(update))
 
     def contributions(updates, weights, stats):
@@ -164,31 +277,104 @@ def _run_chunks(
             )
         return jax.vmap(aggregator.contribute)(updates, weights, stats)
 
-    def chunk_contributions(states, chunk_tasks):
-        updates, new_states, stats = run_chunk(states, chunk_tasks)
-        return contributions(updates, chunk_tasks.weight, stats), (new_states, stats)
+    def work(states, chunk_tasks, bound):
+        updates, new_states, stats = run_chunk(states, chunk_tasks, bound)
+        return contributions(updates, chunk_tasks.weight, stats), new_states, stats
 
-    def body(sums, inputs):
-        chunk_sums, outputs = chunk_contributions(*inputs)
-        return _add_in_slot_order(sums, chunk_sums), outputs
+    def chunk_inputs(held, states, chunk_rows):
+        if table is None:
+            return states
+        row_states = table.store.gather(held, chunk_rows)
+        return row_states if client_states is None else (row_states, states)
 
-    first = jax.tree.map(lambda x: x[0], (chunked_states, chunked_tasks))
-    per_slot = jax.eval_shape(chunk_contributions, *first)[0]
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape[1:], s.dtype), per_slot)
-    sums, (new_states, stats) = jax.lax.scan(body, zeros, (chunked_states, chunked_tasks))
+    first = jax.tree.map(lambda x: x[0], chunked)
+    first_inputs = jax.eval_shape(
+        chunk_inputs, None if table is None else table.held, first[0], first[3]
+    )
+    shapes = jax.eval_shape(work, first_inputs, first[1], None if steps is None else first[2][0])
+    levels = num_chunks.bit_length()  # pending subtrees of 2^k chunks, k < levels
+
+    def body(carry, inputs):
+        pending, held = carry
+        index, states, chunk_tasks, chunk_steps, chunk_rows = inputs
+        states = chunk_inputs(held, states, chunk_rows)
+        if not proportional:  # every static step, masked where a client has stopped
+            bound = NO_STEP_LIMIT
+        elif chunk_steps is None:  # each client its own count
+            bound = None
+        else:  # the chunk's longest client: a chunk of idle slots runs no step at all
+            bound = jnp.max(chunk_steps)
+        contributions_, new_states, stats = work(states, chunk_tasks, bound)
+        # The barrier keeps XLA from contracting the contributions' products into the
+        # tree's adds (FMA), which it may do differently for each chunk size.
+        total = _tree_sum(jax.lax.optimization_barrier(contributions_))
+        pending = _push(pending, index, total, levels)
+        if table is None:
+            return (pending, held), (new_states, stats)
+        counted = (chunk_tasks.weight > 0) & ~(~stats.finite & drop_nonfinite)
+        held = table.store.scatter(held, chunk_rows, new_states, counted)
+        return (pending, held), (None, stats)
+
+    pending = jax.tree.map(lambda s: jnp.zeros((levels, *s.shape[1:]), s.dtype), shapes[0])
+    held = None if table is None else table.held
+    (pending, held), (new_states, stats) = jax.lax.scan(
+        body, (pending, held), (jnp.arange(num_chunks), *chunked)
+    )
     unchunk = lambda x: x.reshape(padded, *x.shape[2:])[:m]
-    return sums, jax.tree.map(unchunk, new_states), jax.tree.map(unchunk, stats)
+    new_states = held if table is not None else jax.tree.map(unchunk, new_states)
+    return _root(pending, num_chunks), new_states, jax.tree.map(unchunk, stats)
 
 
-def _add_in_slot_order(sums: PyTree, contributions: PyTree) -> PyTree:
-    """``sums`` plus each slot's contribution ``[chunk, ...]``, one slot after another.
+def _tree_sum(contributions: PyTree) -> PyTree:
+    """Each leaf ``[c, ...]`` summed by a pairwise tree over its slots, padded with zeros to a
+    power of two: ``((c_0 + c_1) + (c_2 + c_3)) + ...``, every level one parallel add."""
 
-    Float addition is not associative, so a per-chunk ``jnp.sum`` followed by
-    adding chunk totals gives bits that depend on the chunk size. Adding slot
-    by slot gives ``(((0 + c_0) + c_1) + ...)`` whatever the chunking.
+    def tree(x):
+        size = 1 << (x.shape[0] - 1).bit_length()
+        x = jnp.concatenate([x, jnp.zeros((size - x.shape[0], *x.shape[1:]), x.dtype)])
+        while x.shape[0] > 1:
+            x = x.reshape(x.shape[0] // 2, 2, *x.shape[1:])
+            x = x[:, 0] + x[:, 1]
+        return x[0]
+
+    return jax.tree.map(tree, contributions)
+
+
+def _push(pending: PyTree, index: jax.Array, total: PyTree, levels: int) -> PyTree:
+    """The pending subtrees after chunk ``index``'s ``total`` (a binary counter over chunks).
+
+    ``pending[k]`` holds the sum of a complete subtree of ``2^k`` chunks while bit
+    ``k`` of the chunks seen is set. Chunk ``index`` with ``t`` trailing one bits
+    closes ``t`` subtrees, the earlier on the left: ``pending[t-1] + (... +
+    (pending[0] + total))``, and is stored at level ``t``.
     """
-    add = lambda total, contribution: (jax.tree.map(jnp.add, total, contribution), None)
-    return jax.lax.scan(add, sums, contributions)[0]
+    closes = jax.lax.population_count(index ^ (index + 1)) - 1
+
+    def close(t):
+        def branch(pending, total):
+            for k in range(t):
+                total = jax.tree.map(lambda p, s: p[k] + s, pending, total)
+            return jax.tree.map(lambda p, s: p.at[t].set(s), pending, total)
+
+        return branch
+
+    return jax.lax.switch(closes, [close(t) for t in range(levels)], pending, total)
+
+
+def _root(pending: PyTree, num_chunks: int) -> PyTree:
+    """The tree's root from the subtrees pending after ``num_chunks`` chunks, as the tree
+    over ``num_chunks`` padded with zero chunks to a power of two adds them."""
+    top = num_chunks.bit_length() - 1
+    if num_chunks == 1 << top:
+        return jax.tree.map(lambda p: p[top], pending)
+    partial = None  # the subtree holding the first zero chunk; None: all zeros so far
+    for k in range(top + 1):
+        if num_chunks >> k & 1:  # a complete left sibling and the partial right one
+            right = jax.tree.map(lambda p: 0, pending) if partial is None else partial
+            partial = jax.tree.map(lambda p, r: p[k] + r, pending, right)
+        elif partial is not None:  # the partial left sibling and a right one of zero chunks
+            partial = jax.tree.map(lambda r: r + 0, partial)
+    return partial
 
 
 def _all_finite(tree: PyTree) -> jax.Array:

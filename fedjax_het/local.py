@@ -1,13 +1,14 @@
-"""One client's round of local training: a ``lax.scan`` over steps, with masks (DESIGN.md §4).
+"""One client's round of local training: a loop over steps, with masks (DESIGN.md §4).
 
 Written for a single client, with no client axis; ``cohort.py`` adds the axis.
-A step past the client's ``num_steps`` (deadline, partial work, small client,
-a late or dropped slot) is skipped under ``lax.cond``: run one client at a
-time (chunk 1, the CPU default) it costs nothing. Under ``vmap`` the ``cond``
-becomes a select that computes the step anyway, and the step mask keeps it
-from changing anything: the params update is multiplied by the mask (one fused
-pass) and the optimizer state is kept with ``where``. An all-true mask gives
-the unmasked result to float32 rounding (the ``cond`` branch compiles apart).
+The step loop runs ``step_bound`` steps: the client's own count alone, or under
+``vmap`` the longest count of its chunk (``cohort.run_cohort`` sorts slots by
+work so that chunks are even). A step past the client's ``num_steps``
+(deadline, partial work, small client, a late or dropped slot) is masked: the
+params update is multiplied by the mask (one fused pass) and the optimizer
+state is kept with ``where``. Each step gathers its own batch from the flat
+store, so a client holds one batch at a time. A masked step changes nothing,
+so how many run (the bound) never changes the result's bits.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class ClientTask:
         sub-models, personal layers). None trains everything, at no cost.
       mask_from: int32 first step the train mask applies to (earlier steps train
         everything: FreezeFL's probe), or None for every step.
+      step_bound: int32 steps the step loop runs (at most ``max_steps``), the same for
+        every slot of a chunk (``cohort.run_cohort`` sets it to the chunk's most planned
+        steps), so that under ``vmap`` the steps past it are skipped, not masked, and a
+        step before it but past the client's own count is masked; None: the client's
+        own count (under ``vmap`` a select per client).
     """
 
     client_id: jax.Array
@@ -60,6 +66,7 @@ class ClientTask:
     key: PRNGKey
     train_mask: PyTree | None = None
     mask_from: jax.Array | None = None
+    step_bound: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +155,17 @@ def compute_model(model: Model, precision: str) -> Model:
     return dataclasses.replace(model, apply=apply, name=f"{model.name}@{precision}")
 
 
+def planned_steps(spec: LocalSpec, count: jax.Array, step_limit: jax.Array) -> jax.Array:
+    """The local steps a client of ``count`` rows runs under ``step_limit`` (any shape).
+
+    The same count ``client_batches`` returns, without drawing the batches: the
+    cohort orders and bounds its chunks by it (``cohort.run_cohort``).
+    """
+    examples = spec.work.examples_to_process(count)
+    steps = jnp.minimum((examples + spec.work.batch_size - 1) // spec.work.batch_size, spec.max_steps)
+    return jnp.minimum(steps.astype(jnp.int32), step_limit)
+
+
 def client_batches(
     spec: LocalSpec, task: ClientTask, data: DeviceSplit
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -185,7 +203,7 @@ def local_update(
     """
     model, algorithm = spec.model, spec.algorithm
     indices, example_mask, num_steps = client_batches(spec, task, data)
-    xs, ys = data.x[indices], data.y[indices]
+    xs, ys = data.x[indices], data.y[indices]  # every batch, for client_start (else unused)
     steps = jnp.arange(spec.max_steps, dtype=jnp.int32)
     active_examples = example_mask & (steps < num_steps)[:, None]
     start, client_state = algorithm.client_start(
@@ -200,11 +218,12 @@ def local_update(
         ctx = LocalContext(broadcast, start, client_state, s, num_steps)
         return algorithm.local_loss(step_model, params, batch, ctx, hyper, key)
 
-    def masked_step(carry, inputs):
-        params, opt_state, loss_sum = carry
-        s, x, y, mask = inputs
+    def masked_step(s, carry):
+        params, opt_state, loss_sum, processed = carry
+        at = jnp.minimum(s, spec.max_steps - 1)  # a step past max_steps (unroll) is masked
+        rows, mask = indices[at], example_mask[at]
         loss, grads = jax.value_and_grad(loss_fn)(
-            params, (x, y, mask), s, jax.random.fold_in(train_key, s)
+            params, (data.x[rows], data.y[rows], mask), s, jax.random.fold_in(train_key, s)
         )
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         active = (s < num_steps).astype(jnp.float32)
@@ -218,22 +237,31 @@ def local_update(
             scale = jax.tree.map(lambda a, m: a * m, scale, train_mask)
         params = jax.tree.map(lambda p, u, a: p + jnp.where(a > 0, a * u, 0), params, updates, scale)
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
-        processed = jnp.where(s < num_steps, jnp.sum(mask, dtype=jnp.int32), 0)
-        return (params, opt_state, loss_sum + jnp.where(s < num_steps, loss * processed, 0.0)), processed
+        count = jnp.where(s < num_steps, jnp.sum(mask, dtype=jnp.int32), 0)
+        loss_sum = loss_sum + jnp.where(s < num_steps, loss * count, 0.0)
+        return params, opt_state, loss_sum, processed + count
 
-    def step(carry, inputs):
-        skip = lambda carry, inputs: (carry, jnp.zeros((), jnp.int32))
-        return jax.lax.cond(inputs[0] < num_steps, masked_step, skip, carry, inputs)
+    # The loop runs ``bound`` steps in blocks of ``unroll``: a client's own count (under
+    # ``vmap`` a select per client), or its chunk's longest (``step_bound``, shared).
+    bound = num_steps if task.step_bound is None else jnp.minimum(task.step_bound, spec.max_steps)
+    unroll = max(1, min(spec.unroll, spec.max_steps))
 
-    first = (xs[0], ys[0], example_mask[0])
+    def block(carry):
+        b, state = carry
+        for i in range(unroll):
+            state = masked_step(b * unroll + i, state)
+        return b + 1, state
+
+    first = (data.x[indices[0]], data.y[indices[0]], example_mask[0])
     loss_dtype = jax.eval_shape(loss_fn, start, first, 0, train_key).dtype  # float64 in x64 runs
-    init = (start, optimizer.init(start), jnp.zeros((), loss_dtype))
-    (params, _, loss_sum), processed = jax.lax.scan(
-        step, init, (steps, xs, ys, example_mask), unroll=spec.unroll
+    init = (start, optimizer.init(start), jnp.zeros((), loss_dtype), jnp.zeros((), jnp.int32))
+    blocks = (bound + unroll - 1) // unroll
+    _, (params, _, loss_sum, processed) = jax.lax.while_loop(
+        lambda carry: carry[0] < blocks, block, (jnp.zeros((), jnp.int32), init)
     )
     ctx = LocalContext(
         broadcast, start, client_state, num_steps, num_steps, rng.stream(task.key, "finalize")
     )
     update, client_state = algorithm.client_finalize(params, ctx, hyper)
-    stats = ClientStats(loss_sum, jnp.sum(processed), num_steps, task.train_mask)
+    stats = ClientStats(loss_sum, processed, num_steps, task.train_mask)
     return update, client_state, stats

@@ -12,8 +12,10 @@ cohort's arrays, and once, the data store:
   and 4, not 1 and 2: ``run_cohort`` runs chunk 1 without ``vmap``, and the
   FEMNIST CNN's size-1 program lies off the line (37.8 MB from 1 to 2 clients,
   50.4 MB per client from 2 on). Source "analytic" adds up shapes from
-  ``jax.eval_shape``: one client's inputs and outputs, its gathered batches
-  (``max_steps x batch``), two params-sized buffers (trained params and
+  ``jax.eval_shape``: one client's inputs and outputs, the batch it gathers
+  (one step's: the step loop gathers as it goes; an algorithm whose
+  ``client_start`` reads every batch, IFCA's or q-FFL's, holds ``max_steps``
+  of them, which only "xla" sees), two params-sized buffers (trained params and
   gradients), the optimizer state and the residuals the backward pass of one
   batch keeps; ``tests/test_memory.py`` holds it at 1-2x XLA's figure.
 * ``slot``: per cohort slot, its task, its state gathered and written back,
@@ -21,12 +23,13 @@ cohort's arrays, and once, the data store:
 * ``data``: the training split, shared by a sweep's cells (not multiplied by
   ``runs``); ``fixed`` is the rest of the intercept plus the server state.
 
-The chunk is the backend's preference (``cohort.auto_chunk``: 1 on CPU, up to
-128 on accelerators), lowered to what fits in ``safety`` of the free memory
-and balanced so chunks are equal (100 clients that fit 60 at a time run as
-2 x 50, with no padded slots). An explicit chunk wins but is checked too; a
-round that cannot fit even one client per chunk is refused with one line,
-before the round's program is built or compiled.
+The chunk is the backend's preference (``cohort.auto_chunk``: on CPU 1 for a
+convolutional model and a small ``vmap`` otherwise; on accelerators the whole
+cohort), lowered to what fits in ``safety`` of the free memory, as a power of
+two (``cohort.effective_chunk``: chunks are whole subtrees of the cohort's
+reduction tree) unless the whole cohort fits in one. An explicit chunk wins but
+is checked too; a round that cannot fit even one client per chunk is refused
+with one line, before the round's program is built or compiled.
 
 >>> from fedjax_het import models
 >>> from fedjax_het.algorithms import fedavg
@@ -45,14 +48,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.client_store import available_memory, format_bytes, tree_bytes
-from fedjax_het.cohort import auto_chunk
+from fedjax_het.client_store import (
+    StatePlan, available_memory, format_bytes, plan_client_state, tree_bytes,
+)
+from fedjax_het.cohort import auto_chunk, effective_chunk
 from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.models import Model
 from fedjax_het.typing import Hyper
 
 SOURCES = ("auto", "xla", "analytic")
@@ -126,6 +131,7 @@ def plan_chunk(
     free_bytes: int | None = None,
     safety: float = SAFETY,
     source: str = "auto",
+    in_place: bool = False,
 ) -> ChunkPlan:
     """Chooses (or checks) the chunk size of a round from its memory.
 
@@ -137,7 +143,7 @@ def plan_chunk(
       cohort: slots each device runs per round (``ceil(slots / devices)``).
       runs: runs held at once (a sweep's cells); each holds its own chunk.
       chunk: the user's chunk: kept (capped at ``cohort``) if it fits, else refused.
-      cap: most clients per chunk when choosing; None: ``cohort.auto_chunk``.
+      cap: most clients per chunk when choosing; None: ``preferred_chunk``.
       resident: other bytes held on the device throughout (the test split,
         device client states from ``client_store.plan_client_state``).
       free_bytes: the device's free memory; None: ``client_store.available_memory()``.
@@ -145,6 +151,8 @@ def plan_chunk(
       source: "xla", "analytic", or "auto": XLA's analysis on accelerators,
         the analytic sum on CPU (chunk 1 by preference, and compiling a CNN
         probe on XLA:CPU takes seconds).
+      in_place: the round reads and writes client states in their table chunk by
+        chunk (``cohort.StateTable``), so a slot holds no state of its own.
 
     Raises:
       ValueError: (one line) bad arguments, or a round that does not fit with
@@ -161,7 +169,7 @@ def plan_chunk(
     if source == "auto":
         source = "analytic" if jax.default_backend() == "cpu" else "xla"
     leaves, treedef = jax.tree.flatten(_abstract((hyper, train)))
-    estimate = _estimate(spec, num_clients, source, treedef, tuple(leaves))
+    estimate = _estimate(spec, num_clients, source, in_place, treedef, tuple(leaves))
     free = available_memory().device_free if free_bytes is None else free_bytes
     plan = ChunkPlan(
         chunk=1,
@@ -178,9 +186,9 @@ def plan_chunk(
     budget = safety * free
     if chunk is None:
         fits = int((budget - plan.need(0)) // max(runs * plan.per_client_bytes, 1))
-        limit = min(auto_chunk(cohort) if cap is None else cap, cohort, fits)
-        chunk = math.ceil(cohort / math.ceil(cohort / limit)) if limit >= 1 else 1
-    plan = dataclasses.replace(plan, chunk=min(chunk, cohort))
+        preferred = preferred_chunk(spec, train, cohort) if cap is None else cap
+        chunk = max(1, min(preferred, cohort, fits))
+    plan = dataclasses.replace(plan, chunk=effective_chunk(chunk, cohort))
     if plan.need(plan.chunk) > budget:
         raise ValueError(
             f"the round does not fit the device: {plan.describe()}, over the {safety:.0%} "
@@ -188,6 +196,90 @@ def plan_chunk(
             f"sweep cells, less data or a smaller model, or client_state='host'"
         )
     return plan
+
+
+def plan_memory(
+    spec: LocalSpec,
+    hyper: Hyper,
+    train: DeviceSplit,
+    *,
+    num_clients: int,
+    rounds: int,
+    slots: int,
+    placement: str = "auto",
+    runs: int = 1,
+    devices: int = 1,
+    chunk: int | None = None,
+    resident: int = 0,
+    in_place: bool = True,
+    free_bytes: int | None = None,
+) -> tuple[StatePlan, ChunkPlan]:
+    """Where a round keeps its client states and the chunk it runs, planned together.
+
+    "auto" keeps the states on the device when the whole round fits there with
+    them (``plan_chunk``: XLA's memory analysis of the chunk program on
+    accelerators), else on the host; "device" and "host" are checked where they
+    are. Refused in one line, before anything compiles, when nothing fits.
+
+    Args:
+      spec, hyper, train, num_clients, runs, chunk: as ``plan_chunk``.
+      rounds, slots: a run writes at most ``rounds x slots`` clients' states.
+      placement: "auto", "device" or "host" (``client_store.PLACEMENTS``).
+      devices: devices the slots and the device states are sharded over.
+      resident: other bytes on each device throughout (test split, ring of broadcasts).
+      in_place: the round may read and write device states in place
+        (``cohort.StateTable``: one device, distinct ids in a cohort).
+      free_bytes: the device's free memory; None: ``client_store.available_memory()``.
+    """
+    free = available_memory().device_free if free_bytes is None else free_bytes
+    errors = []
+    for where in ("device", "host") if placement == "auto" else (placement,):
+        try:
+            state = plan_client_state(
+                spec.algorithm, spec.model, num_clients=num_clients, rounds=rounds, slots=slots,
+                placement=where, runs=runs, devices=devices,
+                memory=lambda: dataclasses.replace(available_memory(), device_free=free),
+            )  # fmt: skip
+            on_device = state.placement == "device"
+            chunk_plan = plan_chunk(
+                spec, hyper, train, num_clients=num_clients, cohort=-(-slots // devices),
+                runs=runs, chunk=chunk, free_bytes=free,
+                resident=resident + (state.device_bytes // devices if on_device else 0),
+                in_place=in_place and on_device and devices == 1,
+            )  # fmt: skip
+            return state, chunk_plan
+        except ValueError as error:
+            errors.append(f"on the {where}: {error}" if placement == "auto" else str(error))
+    raise ValueError("; ".join(errors))
+
+
+def preferred_chunk(spec: LocalSpec, train: DeviceSplit, cohort: int) -> int:
+    """The backend's chunk for this model before memory is counted (``cohort.auto_chunk``),
+    told whether the model convolves (XLA:CPU runs batched convolutions slowly)."""
+    return auto_chunk(cohort, convolutional=convolutional(spec.model, train.x))
+
+
+def convolutional(model: Model, x: jax.Array) -> bool:
+    """Whether ``model``'s forward pass on a batch like ``x`` holds a convolution."""
+    example = jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype)
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    closed = jax.make_jaxpr(lambda p, x: model.apply(p, x, train=True, key=jax.random.key(0)))(
+        params, example
+    )
+    return "conv_general_dilated" in _primitives(closed.jaxpr)
+
+
+def _primitives(jaxpr) -> set[str]:
+    """The names of every primitive in ``jaxpr`` and the jaxprs nested in its equations."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    names |= _primitives(inner)
+    return names
 
 
 def abstract_split(
@@ -205,7 +297,9 @@ def _abstract(tree):
 
 
 @functools.lru_cache(maxsize=32)
-def _estimate(spec: LocalSpec, num_clients: int, source: str, treedef, leaves) -> _Estimate:
+def _estimate(
+    spec: LocalSpec, num_clients: int, source: str, in_place: bool, treedef, leaves
+) -> _Estimate:
     """The memory terms of one round, cached by its static description and input shapes."""
     hyper, train = jax.tree.unflatten(treedef, leaves)
     algorithm = spec.algorithm
@@ -215,7 +309,9 @@ def _estimate(spec: LocalSpec, num_clients: int, source: str, treedef, leaves) -
     state = jax.eval_shape(algorithm.client_init, params)
     client_fn = functools.partial(local_update, spec)
     outputs = jax.eval_shape(client_fn, hyper, broadcast, state, _tasks(), train)
-    slot = tree_bytes((_tasks(), state, outputs[1:]))
+    # A slot's task and stats; its state read and written beside the table too, unless
+    # the table is read and written in place (then the rows are the chunk's, below).
+    slot = tree_bytes((_tasks(), outputs[2] if in_place else (state, outputs[1:])))
     if source == "xla":
         at = {c: _compiled_bytes(spec, hyper, broadcast, train, state, c) for c in (2, 4)}
         if None not in at.values():
@@ -226,7 +322,7 @@ def _estimate(spec: LocalSpec, num_clients: int, source: str, treedef, leaves) -
         jax.ShapeDtypeStruct((spec.work.batch_size, *a.shape[1:]), a.dtype)
         for a in (train.x, train.y)
     )
-    batches = spec.max_steps * tree_bytes((x, y))
+    batches = tree_bytes((x, y))  # one step's batch, gathered inside the step loop
     optimizer_state = jax.eval_shape(
         lambda h, p: algorithm.client_optimizer(h).init(p), hyper, params
     )

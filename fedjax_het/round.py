@@ -22,10 +22,12 @@ from jax.sharding import Mesh
 
 from fedjax_het import rng
 from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
-from fedjax_het.client_store import ON_DEVICE, ClientStore
-from fedjax_het.cohort import run_cohort
+from fedjax_het.client_store import ON_DEVICE, ClientStore, DeviceStore
+from fedjax_het.cohort import StateTable, run_cohort
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.local import (
+    NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update, planned_steps,
+)
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
 from fedjax_het.system.schedule import OK, Schedule
@@ -55,6 +57,7 @@ class Round:
     mesh: Mesh | None = None  # shard the cohort over these devices (cohort.run_cohort)
     drop_nonfinite: bool = False  # non-finite updates enter at weight 0 (cohort.run_cohort)
     ring_depth: int = 0  # > 0: slots train from the plan's versions, kept in RunState.ring
+    proportional: bool = True  # skip idle chunks, bound chunks' steps (cohort.run_cohort)
 
     def cohort(
         self, round_idx: jax.Array, train: DeviceSplit, key: PRNGKey, plan: Schedule | None = None
@@ -124,24 +127,32 @@ class Round:
         """
         algorithm = self.algorithm
         broadcast = algorithm.broadcast(state.server_state)
-        cohort_states = self.store.gather(state.client_states, ids)
+        steps = planned_steps(self.spec, train.count[ids], tasks.step_limit)
+        # A synchronous cohort's ids are distinct: its states are read and written in the
+        # table chunk by chunk. Stale slots may repeat a client; devices and the host
+        # store gather the cohort's rows first and scatter them after.
+        in_place = stale is None and self.mesh is None and isinstance(self.store, DeviceStore)
+        table = StateTable(state.client_states, ids, self.store) if in_place else None
         if stale is None:
             client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
-            inputs = cohort_states
+            inputs = None if in_place else self.store.gather(state.client_states, ids)
         else:
             round_idx, version = stale
             client_fn = stale_client_fn(self.spec, hyper, state.ring, broadcast, train)
-            inputs = (cohort_states, version % self.ring_depth, round_idx - version)
+            inputs = (self.store.gather(state.client_states, ids), version % self.ring_depth,
+                      round_idx - version)
         sums, new_states, stats = run_cohort(
             client_fn, inputs, tasks, algorithm.aggregator, chunk=self.chunk,
-            mesh=self.mesh, drop_nonfinite=self.drop_nonfinite,
+            mesh=self.mesh, drop_nonfinite=self.drop_nonfinite, steps=steps, table=table,
+            proportional=self.proportional,
         )
         server_state = algorithm.server_update(
             state.server_state, algorithm.aggregator.finalize(sums), hyper, server_key
         )
         nonfinite = (tasks.weight > 0) & ~stats.finite
         counted = (tasks.weight > 0) & ~(nonfinite & self.drop_nonfinite)
-        client_states = self.store.scatter(state.client_states, ids, new_states, counted)
+        client_states = new_states if in_place else self.store.scatter(
+            state.client_states, ids, new_states, counted)
         kept = ~(nonfinite & self.drop_nonfinite)  # a dropped update's loss is left out too
         examples = jnp.sum(jnp.where(kept, stats.examples, 0))
         metrics = {

@@ -256,8 +256,8 @@ class Setup:
         """Checks the arguments ``run`` and ``sweep`` share and builds the round.
 
         The client states' placement and the chunk size are planned here, before
-        anything compiles (``client_store.plan_client_state``, ``memory.plan_chunk``;
-        a round that cannot fit is refused with one line): ``slots`` (default: the
+        anything compiles (``memory.plan_memory``; a round that cannot fit is refused
+        with one line): ``slots`` (default: the
         cohort size) clients a round at most, ``runs`` runs held at once, each
         device running its share of the slots. ``ring_depth`` > 0 keeps that many recent
         broadcasts for slots that train from older versions (``Round.ring_depth``).
@@ -278,24 +278,19 @@ class Setup:
         model = run_model(model, precision)
         mesh = client_mesh(devices)
         num_devices = 1 if mesh is None else mesh.size
-        state_plan = client_store.plan_client_state(
-            algorithm, model, num_clients=data.num_clients, rounds=rounds,
-            slots=slots or sampler.cohort_size, placement=client_state, runs=runs,
-            devices=num_devices,
-        )
         spec = local_spec(model, algorithm, data, work, unroll=unroll, precision=precision)
         hyper_ = algorithm.hyper(hyper, dtype=hyper_dtype(precision))
         train, test = device_split(data.train), device_split(data.test)
-        on_device = state_plan.device_bytes // num_devices if state_plan.placement == "device" else 0
+        resident = client_store.tree_bytes(test)
         if ring_depth:
             params = jax.eval_shape(model.init, jax.random.key(0))
             ring = jax.eval_shape(algorithm.broadcast, jax.eval_shape(
                 lambda p: algorithm.server_init(p, hyper_, data.num_clients), params))
-            on_device += ring_depth * client_store.tree_bytes(ring)
-        chunk_plan = memory.plan_chunk(
-            spec, hyper_, train, num_clients=data.num_clients,
-            cohort=-(-(slots or sampler.cohort_size) // num_devices), runs=runs, chunk=chunk,
-            resident=client_store.tree_bytes(test) + on_device,
+            resident += ring_depth * client_store.tree_bytes(ring)
+        state_plan, chunk_plan = memory.plan_memory(
+            spec, hyper_, train, num_clients=data.num_clients, rounds=rounds,
+            slots=slots or sampler.cohort_size, placement=client_state, runs=runs,
+            devices=num_devices, chunk=chunk, resident=resident, in_place=not ring_depth,
         )
         round_ = Round(
             model, algorithm, sampler, spec, chunk=chunk_plan.chunk, weighting=weighting,
@@ -379,7 +374,7 @@ class Setup:
 
     def programs(
         self, key: PRNGKey, *, cells: bool = False, hyper: Hyper | None = None,
-        cell_batch: int | None = None,
+        cell_batch: int | None = None, donate: bool = True,
     ) -> tuple[Callable, Callable]:
         """Jitted ``block(state, round_ids, plans)`` and ``evaluate(state)``.
 
@@ -391,14 +386,19 @@ class Setup:
         are made once per setup and mode, so calls with other keys or
         hyperparameters of the same shapes (a sweep's chunks of cells) reuse
         one compilation.
+
+        ``donate``: ``block`` takes its state's buffers for the new state (the
+        client-state table is updated in place, never copied), so a state passed
+        to it must not be used again; False keeps it (a benchmark repeating a block).
         """
-        mode = (cells, cell_batch)
+        mode = (cells, cell_batch, donate)
         if mode not in self._jitted:
             block, evaluate_ = self.run_block, self.evaluate
             if cells:
                 block = self._over_cells(block, (0, None, 0, 0, None, 0), cell_batch)
                 evaluate_ = self._over_cells(evaluate_, (0, None, None), cell_batch)
-            self._jitted[mode] = jax.jit(block), jax.jit(evaluate_)
+            self._jitted[mode] = jax.jit(block, donate_argnums=0 if donate else ()), jax.jit(
+                evaluate_)
         block, evaluate_ = self._jitted[mode]
         hyper = self._hyper(key, cells, hyper)
         return (
@@ -407,8 +407,8 @@ class Setup:
         )
 
     @functools.cached_property
-    def _jitted(self) -> dict[tuple[bool, int | None], tuple[Callable, Callable]]:
-        """``programs``' jitted functions by mode ``(cells, cell_batch)``."""
+    def _jitted(self) -> dict[tuple[bool, int | None, bool], tuple[Callable, Callable]]:
+        """``programs``' jitted functions by mode ``(cells, cell_batch, donate)``."""
         return {}
 
     @staticmethod

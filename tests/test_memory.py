@@ -93,20 +93,33 @@ def test_the_chunk_shrinks_with_free_memory_and_never_exceeds_the_cohort():
         free = int(reference.need(fits) / memory.SAFETY) + 1
         chosen = plan(SMALL, source="analytic", cohort=50, cap=1000, free_bytes=free)
         assert chosen.need(chosen.chunk) <= memory.SAFETY * free
-        expected = min(fits, 50)
-        assert chosen.chunk == -(-50 // -(-50 // expected))  # equal chunks of at most `expected`
+        # the whole cohort when it fits, else the largest power of two that fits
+        assert chosen.chunk == (50 if fits >= 50 else 1 << (fits.bit_length() - 1))
         chunks.append(chosen.chunk)
-    assert chunks == sorted(chunks, reverse=True) and chunks[0] == 50 and chunks[-1] == 1
+    assert chunks == [50, 50, 16, 16, 4, 1]
 
 
 def test_the_backend_preference_caps_the_chunk():
     cpu = plan(SMALL, source="analytic", cohort=300)
-    assert cpu.chunk == cohort.auto_chunk(300)
-    assert plan(SMALL, source="analytic", cohort=300, cap=128).chunk == 100  # 3 equal chunks
+    assert cpu.chunk == cohort.auto_chunk(300, backend=jax.default_backend())
+    assert plan(SMALL, source="analytic", cohort=300, cap=128).chunk == 128  # 3 chunks, padded
+    assert plan(SMALL, source="analytic", cohort=300, cap=100).chunk == 64  # a power of two
+
+
+def test_on_cpu_a_dense_model_runs_a_vmap_and_a_convolutional_one_client_at_a_time():
+    cnn = make_spec(models.femnist_cnn((28, 28, 1), 62), FEDAVG)
+    dense = plan(SMALL, source="analytic", cohort=300, free_bytes=10**12)
+    conv = plan(cnn, example=(28, 28, 1), source="analytic", cohort=300, free_bytes=10**12)
+    assert memory.convolutional(cnn.model, jax.ShapeDtypeStruct((5, 28, 28, 1), "float32"))
+    assert not memory.convolutional(SMALL.model, jax.ShapeDtypeStruct((5, 784), "float32"))
+    if jax.default_backend() == "cpu":
+        assert (dense.chunk, conv.chunk) == (cohort.CPU_CHUNK, 1)
+    assert cohort.auto_chunk(300, backend="gpu", convolutional=True) == 300  # memory decides
 
 
 def test_an_explicit_chunk_wins_and_is_still_checked():
     assert plan(SMALL, source="analytic", cohort=10, chunk=4).chunk == 4
+    assert plan(SMALL, source="analytic", cohort=10, chunk=6).chunk == 4  # cohort.effective_chunk
     assert plan(SMALL, source="analytic", cohort=10, chunk=64).chunk == 10
     one = plan(SMALL, source="analytic", cohort=10, chunk=1)
     free = int(one.need(2) / memory.SAFETY)  # room for 2 clients a chunk, not 4
@@ -153,7 +166,7 @@ def test_bad_arguments_are_refused_in_one_line(kwargs, problem):
 
 
 def test_describe_is_one_line_with_the_figures():
-    p = dataclasses.replace(plan(SMALL, source="analytic", runs=2), free_bytes=2 * 10**9)
+    p = dataclasses.replace(plan(SMALL, source="analytic", runs=2, chunk=1), free_bytes=2 * 10**9)
     line = p.describe()
     assert "\n" not in line and line.startswith("chunk 1 of 100 (analytic: ")
     assert "x 2 runs" in line and "of 2.0 GB free" in line
