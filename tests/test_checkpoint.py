@@ -31,7 +31,12 @@ TINY = [
 DEADLINE = ['system.devices="lognormal"', "system.dropout=0.2", 'policy.kind="deadline"',
             "policy.deadline=5.0"]
 # Fields of the moment, not of the run: wall-clock times and the free memory the chunk plan saw.
-WALL = ("wall_s", "first_block_s_with_compile", "to_accuracy", "checkpoint", "chunk_plan")
+# What depends on the process, not on the run: times, the free memory the chunk was planned
+# from, and what the compilation cache held (a resumed run finds programs the first wrote).
+WALL = (
+    "wall_s", "first_block_s_with_compile", "to_accuracy", "checkpoint", "chunk_plan",
+    "compile_cache",
+)
 
 
 @pytest.fixture(autouse=True)
