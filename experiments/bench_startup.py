@@ -20,11 +20,12 @@ run), the end of the first block of ``eval_every`` rounds (``first_block``:
 the block program traced, lowered, compiled or loaded, and 10 rounds trained),
 and the process's exit (``end``). The first trained round is not observable
 on its own (a block is one program); ``first_round`` estimates it as
-``first_block`` less 9/10 of a steady block (the second block's time). The
+``first_block`` less 9/10 of a steady block (the last block's time: the second
+holds the partition report, written once the first block has trained). The
 child also sums JAX's own durations up to the end of the first block
 (``jax.monitoring``: tracing, lowering to StableHLO, XLA compile or cache
 load) and times the partition report (``data_summary.json`` and
-``label_heatmap.png``, written before training starts).
+``label_heatmap.png``, written after the first block).
 
 ``--reps`` repetitions, interleaved (off, cold, warm, off, cold, warm...) so
 that load from other processes hits all alike; per-variant medians follow the
@@ -113,9 +114,11 @@ def measure(variant: str, cache: Path, rounds: int, work: Path) -> dict:
     child = json.loads(stamps.read_text())
     T, evals = child["T"], child["evals"]
     summary = json.loads((out / "summary.json").read_text())
-    first, second = evals[1], evals[2] if len(evals) > 2 else None
-    steady = None if second is None else second["t"] - first["t"]
-    block = second["round"] - first["round"] if second else None
+    # A steady block is timed between the last two evaluations: the one after the first
+    # block also holds the partition report, written once the first block has trained.
+    first = evals[1]
+    steady = evals[-1]["t"] - evals[-2]["t"] if len(evals) > 3 else None
+    block = evals[-1]["round"] - evals[-2]["round"] if steady is not None else None
     at = lambda t: round(t - t0, 3)
     files = sorted(cache.glob("*-cache"))
     return {
@@ -152,8 +155,8 @@ KEYS = ("to_python_s", "to_imported_s", "to_built_s", "to_round0_eval_s", "to_fi
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=20,
-                        help="rounds of each run (two blocks: the second times a steady block)")
+    parser.add_argument("--rounds", type=int, default=30,
+                        help="rounds of each run (three blocks: the last times a steady block)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     rows = []

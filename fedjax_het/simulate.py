@@ -455,7 +455,13 @@ class Recorder:
             results.RunWriter(out_dir, config, overwrite=overwrite, resume=resume) if writes
             else None
         )
-        if self.writer and data is not None:
+        self.report_of = data if self.writer else None  # written after the first block
+
+    def write_report(self) -> None:
+        """The partition's diagnostics (``data_summary.json``, ``label_heatmap.png``), once:
+        after the first block (so that they do not delay the first round) or at the end."""
+        data, self.report_of = self.report_of, None
+        if data is not None:
             self.writer.write(
                 "data_summary.json", lambda path: diagnostics.save_report(data, path.parent)
             )
@@ -510,6 +516,8 @@ class Recorder:
             self.writer.append(line)
         if self.on_eval:
             self.on_eval(line)
+        if block_metrics is not None:
+            self.write_report()
         return self.divergence is not None
 
     @property
@@ -525,6 +533,7 @@ class Recorder:
     ) -> History:
         """The run's ``History`` from the final ``state`` and evaluation ``ev`` (``hyper``: the
         run's hyperparameters, when they are not ``setup``'s: a sweep's cell)."""
+        self.write_report()
         round_metrics = {k: np.concatenate([b[k] for b in self.per_round]) for k in self.per_round[0]}
         if self.accounting:
             round_metrics.update(self.accounting.per_round)
