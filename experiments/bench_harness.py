@@ -14,8 +14,9 @@ clients and batch indices:
   update per client that counts (gather, plain SGD over the client's own
   number of steps, weighted add to a running sum; a client with weight 0 is
   skipped, as a per-client simulator skips a dropped client), and one jitted
-  call makes the server step. The engine, by contrast, runs every slot for the
-  round's static ``max_steps`` with masks. ``max_clients``
+  call makes the server step. The engine, by contrast, runs chunks of slots sorted by
+  planned steps, each for its longest client's steps, masked past each client's own
+  count (``Round(proportional=False)``: every static step, masked). ``max_clients``
   times only the loop's first slots and scales their part of the seconds
   linearly to the cohort (the row says ``extrapolated``); its gate round is
   the full cohort.

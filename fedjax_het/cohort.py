@@ -29,10 +29,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-
-from flax import struct
 
 from fedjax_het.algorithm import Aggregator, ClientStats
 from fedjax_het.client_store import ClientStore
@@ -42,7 +41,7 @@ from fedjax_het.typing import ClientState, PyTree, Update
 ClientFn = Callable[[ClientState, ClientTask], tuple[Update, ClientState, ClientStats]]
 
 
-CPU_CHUNK = 16  # a dense model's clients per vmap on CPU (experiments/README.md, "Chunks")
+CPU_CHUNK = 8  # a dense model's clients per vmap on CPU (experiments/README.md, "Throughput")
 
 
 def auto_chunk(
@@ -52,14 +51,18 @@ def auto_chunk(
 
     On accelerators the whole cohort as one ``vmap``: the bigger the batch of
     clients, the fuller the device. On CPU a dense model runs ``CPU_CHUNK``
-    clients per ``vmap`` (batched matrix products beat one client at a time), a
-    convolutional one chunk 1 (XLA:CPU's batched convolutions are slower than a
-    loop of single ones; ``experiments/README.md``).
+    clients per ``vmap`` (W1's MLP, 100 clients: chunk 8 1.02x the per-client
+    loop, 16 1.28x, 32 1.62x, 1 1.56x), or the whole cohort when that is under two
+    chunks (10 clients as one chunk: 0.97x; as 8 + 2 padded: 2.1x); a convolutional
+    one chunk 1 (XLA:CPU's batched convolutions are slower than a loop of single
+    ones; ``experiments/README.md``).
     """
     backend = backend or jax.default_backend()
     if backend != "cpu":
         return cohort_size
-    return 1 if convolutional else min(cohort_size, CPU_CHUNK)
+    if convolutional:
+        return 1
+    return cohort_size if cohort_size < 2 * CPU_CHUNK else CPU_CHUNK
 
 
 CLIENTS = "clients"  # the mesh axis the cohort is sharded over
@@ -353,7 +356,7 @@ def _push(pending: PyTree, index: jax.Array, total: PyTree, levels: int) -> PyTr
     def close(t):
         def branch(pending, total):
             for k in range(t):
-                total = jax.tree.map(lambda p, s: p[k] + s, pending, total)
+                total = jax.tree.map(lambda p, s, k=k: p[k] + s, pending, total)
             return jax.tree.map(lambda p, s: p.at[t].set(s), pending, total)
 
         return branch
@@ -371,7 +374,7 @@ def _root(pending: PyTree, num_chunks: int) -> PyTree:
     for k in range(top + 1):
         if num_chunks >> k & 1:  # a complete left sibling and the partial right one
             right = jax.tree.map(lambda p: 0, pending) if partial is None else partial
-            partial = jax.tree.map(lambda p, r: p[k] + r, pending, right)
+            partial = jax.tree.map(lambda p, r, k=k: p[k] + r, pending, right)
         elif partial is not None:  # the partial left sibling and a right one of zero chunks
             partial = jax.tree.map(lambda r: r + 0, partial)
     return partial

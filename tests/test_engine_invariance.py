@@ -111,7 +111,8 @@ def assert_trees_close(a, b, rtol=1e-6, atol=1e-7):
 
 
 def test_vmapped_chunks_of_any_size_give_the_same_bits():
-    """Chunks of 2, 3 (padded to 9) and 8 give bitwise the same round: the sums add slot by slot.
+    """Chunks of 2, 3 (run as 2: cohort.effective_chunk) and 8 give bitwise the same round: the
+    sums are a fixed pairwise tree over the slots, whatever the chunks.
 
     Chunk 1 runs each client without ``vmap``; XLA compiles the unbatched client
     to other kernels, so it matches within rtol 1e-6, atol 1e-7 only.
@@ -161,7 +162,7 @@ def test_adaptive_server_under_deadlines_and_dropout_does_not_depend_on_the_chun
     """FedAdam with log-normal devices, dropout 0.2 and partial work at a 1 s deadline.
 
     Its adaptive step amplifies any last-bit difference in the aggregate over
-    rounds (before the sums were added slot by slot, chunks 3 and 7 drifted
+    rounds (when each chunk's total joined a running sum, chunks 3 and 7 drifted
     5e-4 apart in 20 rounds). Chunks 3 and 7 are the same run bit for bit;
     chunk 1 (no ``vmap``) stays within 1e-5 of them.
     """

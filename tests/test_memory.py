@@ -114,6 +114,7 @@ def test_on_cpu_a_dense_model_runs_a_vmap_and_a_convolutional_one_client_at_a_ti
     assert not memory.convolutional(SMALL.model, jax.ShapeDtypeStruct((5, 784), "float32"))
     if jax.default_backend() == "cpu":
         assert (dense.chunk, conv.chunk) == (cohort.CPU_CHUNK, 1)
+    assert cohort.auto_chunk(10, backend="cpu") == 10  # under two chunks: one, not 8 + 2 padded
     assert cohort.auto_chunk(300, backend="gpu", convolutional=True) == 300  # memory decides
 
 
