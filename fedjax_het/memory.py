@@ -53,7 +53,11 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_het.client_store import (
-    StatePlan, available_memory, format_bytes, plan_client_state, tree_bytes,
+    StatePlan,
+    available_memory,
+    format_bytes,
+    plan_client_state,
+    tree_bytes,
 )
 from fedjax_het.cohort import auto_chunk, effective_chunk
 from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, local_update

@@ -26,7 +26,12 @@ from fedjax_het.client_store import ON_DEVICE, ClientStore, DeviceStore
 from fedjax_het.cohort import StateTable, run_cohort
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.local import (
-    NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update, planned_steps,
+    NO_STEP_LIMIT,
+    ClientTask,
+    DeviceSplit,
+    LocalSpec,
+    local_update,
+    planned_steps,
 )
 from fedjax_het.models import Model
 from fedjax_het.sampler import Sampler
