@@ -276,12 +276,21 @@ def variants(
                 continue  # the bare vmap has no masks: it is the homogeneous lower bound
             out.append(harness.Variant(baseline, {"system": system, "algorithm": "fedavg"}, build))
         for chunk in chunks:
-            size = planned_chunk(setup) if chunk == "auto" else chunk
             for unroll in unrolls:
                 for algorithm in algorithms:
                     if algorithm != "fedavg" and system not in algorithm_systems:
                         continue
                     factory = ALGORITHMS[algorithm]
+                    try:
+                        size = planned_chunk(setup, factory) if chunk == "auto" else chunk
+                    except ValueError as refused:  # the plan's one line, in this variant's row
+                        settings = {"system": system, "algorithm": algorithm, "chunk": "auto"}
+
+                        def build(refused=refused):
+                            raise refused  # noqa: TRY201 - recorded in the row
+
+                        out.append(harness.Variant("engine", settings, build))
+                        continue
                     for proportional in (True, False) if masked and factory is None else (True,):
                         settings = {
                             "system": system,
@@ -301,14 +310,21 @@ def variants(
     return out, plan
 
 
-def planned_chunk(setup: harness.Setup) -> int:
-    """The chunk ``simulate.run`` would choose for the cell: ``memory.plan_chunk`` on this
-    device (its backend's preference, the model's convolutions, the free memory)."""
+def planned_chunk(setup: harness.Setup, factory: Callable | None = None) -> int:
+    """The chunk ``simulate.run`` would choose for the cell and algorithm (``factory``; None:
+    the setup's FedAvg): ``memory.plan_memory`` on this device (the backend's preference, the
+    model's convolutions, the free memory with the client states on the device, read and
+    written in place, as the harness keeps them). Raises its one-line ValueError when the
+    round does not fit."""
     round_ = setup.round_
-    return memory.plan_chunk(
-        round_.spec, setup.hyper, setup.train, num_clients=round_.sampler.num_clients,
-        cohort=setup.cohort,
-    ).chunk
+    algorithm = round_.algorithm if factory is None else factory()
+    spec = dataclasses.replace(round_.spec, algorithm=algorithm)
+    hyper = setup.hyper if factory is None else algorithm.hyper()
+    _, plan = memory.plan_memory(
+        spec, hyper, setup.train, num_clients=round_.sampler.num_clients, rounds=1,
+        slots=setup.cohort, placement="device",
+    )
+    return plan.chunk
 
 
 def run_cell(

@@ -15,9 +15,10 @@ two, or the whole cohort); chunk 1 runs each client without ``vmap``, which XLA
 compiles to other kernels, so it matches them to float rounding of the
 client's own arithmetic (``tests/test_engine_invariance.py``).
 
-With a ``mesh`` the cohort is first split over devices (``shard_map``): each
-device runs its share of the slots in chunks and the devices' sums are added
-with a ``psum``. Results do not depend on the number of devices beyond float
+With a ``mesh`` the cohort is first dealt over devices (``shard_map``; slot
+``i`` of the work order to device ``i % devices``, so each gets an even share of
+the work): each device runs its share of the slots in chunks and the devices'
+sums are added with a ``psum``. Results do not depend on the number of devices beyond float
 summation order either (``tests/test_multidevice.py``).
 """
 
@@ -184,8 +185,11 @@ def run_cohort(
         if table is not None:
             raise ValueError("a state table is read in place on one device only; gather instead")
         per_device = math.ceil(m / mesh.size)
-        states, padded_tasks, padded_steps = _padded(
-            client_states, tasks, steps, per_device * mesh.size
+        # Dealt like cards, slot i to device i % devices, so that every device gets an even
+        # share of the work order (contiguous blocks would give one device the longest).
+        deal = lambda x: _deal(x, per_device, mesh.size)
+        states, padded_tasks, padded_steps = jax.tree.map(
+            deal, _padded(client_states, tasks, steps, per_device * mesh.size)
         )
 
         def shard(states, tasks, steps):
@@ -202,7 +206,8 @@ def run_cohort(
             shard, mesh=mesh, in_specs=(sharded, sharded, sharded),
             out_specs=(P(), sharded, sharded), check_vma=False,
         )(states, padded_tasks, padded_steps)
-        new_states, stats = jax.tree.map(lambda x: x[:m], (new_states, stats))
+        undeal = lambda x: _deal(x, mesh.size, per_device)[:m]
+        new_states, stats = jax.tree.map(undeal, (new_states, stats))
     if order is not None:
         inverse = jnp.argsort(order)
         stats = _take(stats, inverse)
@@ -212,14 +217,17 @@ def run_cohort(
 
 
 def work_order(tasks: ClientTask, steps: jax.Array) -> jax.Array:
-    """The slots sorted by planned ``steps``, most first, idle slots last; ties in cohort order."""
-    work = jnp.where(_idle(tasks, steps), -1, steps)
-    return jnp.argsort(-work, stable=True)
+    """The slots sorted by planned ``steps``, most first, then the idle slots (weight 0 and no
+    steps: their outputs are discarded); ties in cohort order."""
+    idle = (tasks.weight == 0) & (steps == 0)
+    return jnp.argsort(-jnp.where(idle, -1, steps), stable=True)
 
 
-def _idle(tasks: ClientTask, steps: jax.Array | None) -> jax.Array:
-    """Slots that neither count (weight 0) nor train (no steps): their outputs are discarded."""
-    return (tasks.weight == 0) & ((tasks.step_limit if steps is None else steps) == 0)
+def _deal(x: jax.Array, rows: int, columns: int) -> jax.Array:
+    """``x [rows * columns, ...]`` read as ``[rows, columns]`` and transposed: slot ``i`` of each
+    run of ``columns`` goes to block ``i`` (``_deal(_deal(x, r, c), c, r)`` is ``x``)."""
+    grid = x.reshape(rows, columns, *x.shape[1:])
+    return jnp.swapaxes(grid, 0, 1).reshape(x.shape)
 
 
 def _take(tree: PyTree, order: jax.Array) -> PyTree:

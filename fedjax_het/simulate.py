@@ -941,7 +941,7 @@ def _run_online(
         setup.hyper, setup.train, key, system.profiles,
         jnp.asarray(steps_needed(spec, data.train.count)), jnp.asarray(costs),
     )
-    block_fn = jax.jit(program.run_block, donate_argnums=0)  # the state, in place (programs)
+    block_fn = jax.jit(program.run_block)
     _, evaluate_ = setup.programs(key)
     rows: list[Schedule] = []
 
