@@ -216,6 +216,12 @@ def run_cohort(
     return sums, new_states, stats
 
 
+def counted_slots(weight: jax.Array, finite: jax.Array, drop_nonfinite: bool) -> jax.Array:
+    """The slots whose update counts (their state is kept): weight > 0, and finite unless
+    non-finite updates are dropped."""
+    return (weight > 0) & ~(~finite & drop_nonfinite)
+
+
 def work_order(tasks: ClientTask, steps: jax.Array) -> jax.Array:
     """The slots sorted by planned ``steps``, most first, then the idle slots (weight 0 and no
     steps: their outputs are discarded); ties in cohort order."""
@@ -262,10 +268,9 @@ def _run_chunks(
     chunk = effective_chunk(chunk, m)
     num_chunks = math.ceil(m / chunk)
     padded = num_chunks * chunk
-    rows = None if table is None else table.rows
-    states, tasks, steps = _padded(client_states, tasks, steps, padded)
-    if rows is not None:
-        rows = jnp.concatenate([rows, jnp.broadcast_to(rows[:1], (padded - m,))])
+    (states, rows), tasks, steps = _padded(
+        (client_states, None if table is None else table.rows), tasks, steps, padded
+    )
     chunked = jax.tree.map(
         lambda x: x.reshape(num_chunks, chunk, *x.shape[1:]), (states, tasks, steps, rows)
     )
@@ -322,7 +327,7 @@ def _run_chunks(
         pending = _push(pending, index, total, levels)
         if table is None:
             return (pending, held), (new_states, stats)
-        counted = (chunk_tasks.weight > 0) & ~(~stats.finite & drop_nonfinite)
+        counted = counted_slots(chunk_tasks.weight, stats.finite, drop_nonfinite)
         held = table.store.scatter(held, chunk_rows, new_states, counted)
         return (pending, held), (None, stats)
 

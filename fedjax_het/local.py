@@ -21,7 +21,7 @@ from flax import struct
 
 from fedjax_het import rng
 from fedjax_het.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
-from fedjax_het.data.batching import LocalWork, batch_indices
+from fedjax_het.data.batching import LocalWork, batch_indices, steps_for
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, PRNGKey, PyTree, Update
 
@@ -162,7 +162,7 @@ def planned_steps(spec: LocalSpec, count: jax.Array, step_limit: jax.Array) -> j
     cohort orders and bounds its chunks by it (``cohort.run_cohort``).
     """
     examples = spec.work.examples_to_process(count)
-    steps = jnp.minimum((examples + spec.work.batch_size - 1) // spec.work.batch_size, spec.max_steps)
+    steps = steps_for(examples, batch_size=spec.work.batch_size, max_steps=spec.max_steps)
     return jnp.minimum(steps.astype(jnp.int32), step_limit)
 
 

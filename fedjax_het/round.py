@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from fedjax_het import rng
 from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
 from fedjax_het.client_store import ON_DEVICE, ClientStore, DeviceStore
-from fedjax_het.cohort import StateTable, run_cohort
+from fedjax_het.cohort import StateTable, counted_slots, run_cohort
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.local import (
     NO_STEP_LIMIT,
@@ -155,7 +155,7 @@ class Round:
             state.server_state, algorithm.aggregator.finalize(sums), hyper, server_key
         )
         nonfinite = (tasks.weight > 0) & ~stats.finite
-        counted = (tasks.weight > 0) & ~(nonfinite & self.drop_nonfinite)
+        counted = counted_slots(tasks.weight, stats.finite, self.drop_nonfinite)
         client_states = new_states if in_place else self.store.scatter(
             state.client_states, ids, new_states, counted)
         kept = ~(nonfinite & self.drop_nonfinite)  # a dropped update's loss is left out too

@@ -38,7 +38,14 @@ from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.divergence import NONFINITE, Diverged, Divergence, first_divergence
-from fedjax_het.local import DeviceSplit, LocalSpec, hyper_dtype, run_model
+from fedjax_het.local import (
+    NO_STEP_LIMIT,
+    DeviceSplit,
+    LocalSpec,
+    hyper_dtype,
+    planned_steps,
+    run_model,
+)
 from fedjax_het.metrics import (
     EventAccounting,
     ScheduleAccounting,
@@ -107,8 +114,8 @@ def local_spec(
 
 def steps_needed(spec: LocalSpec, count: np.ndarray) -> np.ndarray:
     """``[N]`` local steps each client's full task takes (its epochs or steps, capped)."""
-    examples = np.asarray(spec.work.examples_to_process(jnp.asarray(count, jnp.int32)))
-    return np.minimum(-(-examples // spec.work.batch_size), spec.max_steps).astype(np.int32)
+    count = jnp.asarray(count, jnp.int32)
+    return np.asarray(planned_steps(spec, count, jnp.int32(NO_STEP_LIMIT)), np.int32)
 
 
 def plan_run(

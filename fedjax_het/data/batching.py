@@ -70,6 +70,11 @@ class LocalWork:
         return jnp.ceil(self.epochs * count.astype(jnp.float32)).astype(jnp.int32)
 
 
+def steps_for(num_examples: jax.Array, *, batch_size: int, max_steps: int) -> jax.Array:
+    """The steps that hold at least one of ``num_examples`` examples, at most ``max_steps``."""
+    return jnp.minimum((num_examples + batch_size - 1) // batch_size, max_steps)
+
+
 def batch_indices(
     key: PRNGKey,
     offset: jax.Array,
@@ -112,6 +117,6 @@ def batch_indices(
         rows = jax.random.randint(key, (positions,), 0, count, dtype=jnp.int32)
     position = jnp.arange(positions, dtype=jnp.int32)
     example_mask = position < num_examples
-    num_steps = jnp.minimum((num_examples + batch_size - 1) // batch_size, max_steps)
+    num_steps = steps_for(num_examples, batch_size=batch_size, max_steps=max_steps)
     shape = (max_steps, batch_size)
     return (offset + rows).reshape(shape), example_mask.reshape(shape), num_steps.astype(jnp.int32)
