@@ -39,16 +39,16 @@ from __future__ import annotations
 import jax
 from flax import struct
 
-from fedjax_het.algorithm import (
+from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.fedavg import ServerState, fedavg
+from fedjax_het.algorithms.fedprox import squared_distance
+from fedjax_het.engine.algorithm import (
     NON_NEGATIVE,
     Batches,
     FederatedAlgorithm,
     LocalContext,
     model_loss,
 )
-from fedjax_het.algorithms import optimizers
-from fedjax_het.algorithms.fedavg import ServerState, fedavg
-from fedjax_het.algorithms.fedprox import squared_distance
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, Update
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 import jax
 import optax
 
-from fedjax_het.algorithm import NON_NEGATIVE, FederatedAlgorithm, Interval, model_loss
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.fedprox import squared_distance
 from fedjax_het.algorithms.optimizers import HyperOptimizer
 from fedjax_het.algorithms.staleness import staleness_fn, staleness_weighted_mean
+from fedjax_het.engine.algorithm import NON_NEGATIVE, FederatedAlgorithm, Interval, model_loss
 
 MIXING = Interval(0.0, 1.0, closed_low=False)  # α in (0, 1]
 

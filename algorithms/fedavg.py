@@ -26,7 +26,9 @@ import jax
 import optax
 from flax import struct
 
-from fedjax_het.algorithm import (
+from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.optimizers import HyperOptimizer
+from fedjax_het.engine.algorithm import (
     Aggregator,
     FederatedAlgorithm,
     Freezing,
@@ -36,8 +38,6 @@ from fedjax_het.algorithm import (
     start_from_broadcast,
     weighted_mean,
 )
-from fedjax_het.algorithms import optimizers
-from fedjax_het.algorithms.optimizers import HyperOptimizer
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
 

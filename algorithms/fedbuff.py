@@ -25,10 +25,10 @@ normalisation (ours divides by ``K``, theirs by ``Σ s``).
 
 from __future__ import annotations
 
-from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.staleness import staleness_fn, staleness_weighted_mean
+from fedjax_het.engine.algorithm import FederatedAlgorithm
 
 
 def fedbuff(

@@ -46,7 +46,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.algorithm import (
+from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.fedavg import ServerState as ModelState
+from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.algorithms.scaffold import gradient_term
+from fedjax_het.engine.algorithm import (
     POSITIVE,
     Aggregator,
     ClientStats,
@@ -55,10 +59,6 @@ from fedjax_het.algorithm import (
     model_loss,
     weighted_mean,
 )
-from fedjax_het.algorithms import optimizers
-from fedjax_het.algorithms.fedavg import ServerState as ModelState
-from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.algorithms.scaffold import gradient_term
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, PyTree, Update
 

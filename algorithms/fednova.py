@@ -27,9 +27,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import Aggregator, ClientStats, FederatedAlgorithm
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.engine.algorithm import Aggregator, ClientStats, FederatedAlgorithm
 from fedjax_het.typing import PyTree, Update
 
 

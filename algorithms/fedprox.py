@@ -21,9 +21,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import NON_NEGATIVE, FederatedAlgorithm, LocalContext, model_loss
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.engine.algorithm import NON_NEGATIVE, FederatedAlgorithm, LocalContext, model_loss
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, Hyper, Params, PRNGKey
 

@@ -37,10 +37,10 @@ import jax.numpy as jnp
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
-from fedjax_het.algorithm import DECAY, FederatedAlgorithm, float_dtype
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.compression import bytes_sent, identity
+from fedjax_het.engine.algorithm import DECAY, FederatedAlgorithm, float_dtype
+from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import Hyper, Params, PRNGKey, Update
 
 

@@ -25,7 +25,7 @@ value (the paper gives no rate) and starts at the first round's value (no
 freezing in round 0). Not implemented: FreezeFL's utility-based client
 selection and warm restarts (Table III's "w/ CS" and "w/ CS,WR" rows); the
 plain "Freezing" row is this algorithm. Frozen steps cost full compute in
-the schedule (see ``fedjax_het.online``).
+the schedule (see ``fedjax_het.training.online``).
 
 >>> import jax.numpy as jnp
 >>> params = {"Dense_0": {"kernel": jnp.ones((3, 2))}, "Dense_1": {"kernel": jnp.ones((2, 1))}}
@@ -41,9 +41,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import NON_NEGATIVE, FederatedAlgorithm, Freezing, masked_mean
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.engine.algorithm import NON_NEGATIVE, FederatedAlgorithm, Freezing, masked_mean
 from fedjax_het.typing import Hyper, Params, PyTree, Update
 
 

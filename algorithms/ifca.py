@@ -51,7 +51,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.algorithm import (
+from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.fedavg import ServerState as ModelsState
+from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.engine.algorithm import (
     NON_NEGATIVE,
     Aggregator,
     Batches,
@@ -61,9 +64,6 @@ from fedjax_het.algorithm import (
     delta_update,
     mean_loss,
 )
-from fedjax_het.algorithms import optimizers
-from fedjax_het.algorithms.fedavg import ServerState as ModelsState
-from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree, Update
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import optax
 
-from fedjax_het.algorithm import DECAY, POSITIVE, Interval
+from fedjax_het.engine.algorithm import DECAY, POSITIVE, Interval
 from fedjax_het.typing import Hyper
 
 RANGES: dict[str, Interval] = {

@@ -48,9 +48,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import UNIT, FederatedAlgorithm, LocalContext, model_loss
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState, fedavg
+from fedjax_het.engine.algorithm import UNIT, FederatedAlgorithm, LocalContext, model_loss
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, Update
 

@@ -45,7 +45,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.algorithm import (
+from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.engine.algorithm import (
     NON_NEGATIVE,
     Aggregator,
     Batches,
@@ -55,8 +57,6 @@ from fedjax_het.algorithm import (
     float_dtype,
     mean_loss,
 )
-from fedjax_het.algorithms import optimizers
-from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree, Update
 

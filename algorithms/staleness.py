@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het.algorithm import Aggregator, ClientStats, weighted_mean, weighted_or_zero
+from fedjax_het.engine.algorithm import Aggregator, ClientStats, weighted_mean, weighted_or_zero
 from fedjax_het.typing import PyTree, Update
 
 KINDS = ("constant", "polynomial", "hinge")

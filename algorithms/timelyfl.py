@@ -16,7 +16,7 @@ over the clients that trained it, weighted by ``|D_k|``
 (``algorithm.masked_mean``): ``Δ = Σ_k w_k m_k Δ_k / Σ_k w_k m_k``.
 
 The choice needs no probe (``Freezing.probe_share = 0``): it depends only on
-the client's profile. The engine (``fedjax_het.online``) prices every depth
+the client's profile. The engine (``fedjax_het.training.online``) prices every depth
 at the client's mean speeds (download, the steps at the FLOPs XLA counts for
 the layers still training, the upload of those layers), applies the mask
 from the first step, and schedules the round with each client's upload bytes.
@@ -57,10 +57,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.algorithm import POSITIVE, FederatedAlgorithm, Freezing, masked_mean
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks
+from fedjax_het.engine.algorithm import POSITIVE, FederatedAlgorithm, Freezing, masked_mean
 from fedjax_het.typing import Hyper, Update
 
 

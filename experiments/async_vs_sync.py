@@ -54,14 +54,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedjax_het import algorithms, rng, simulate
+from fedjax_het import algorithms, rng
 from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
 from fedjax_het.algorithms import optimizers
 from fedjax_het.data.diagnostics import gini
-from fedjax_het.metrics import OUTCOME_NAMES
 from fedjax_het.system import events, setup
 from fedjax_het.system.flhetbench import participation_counts
+from fedjax_het.training import simulate
+from fedjax_het.training.metrics import OUTCOME_NAMES
 
 OUT = Path(__file__).parent / "results" / "async_vs_sync"
 METHODS = (

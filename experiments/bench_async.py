@@ -11,7 +11,7 @@ runs 100 tasks at once on lognormal step times. Both run as the engine runs
 them: blocks of ``--block`` rounds (events) as one ``lax.scan``
 (``Setup.programs``), timed per block and divided by its length.
 
-DESIGN.md §9: compile time apart (and the number of compilations of the
+experiments/README.md: compile time apart (and the number of compilations of the
 training program over a whole run of ``--events`` events in blocks, which
 must be 1); a validation gate before any timing (an async event whose 20
 slots are all fresh equals the synchronous round of the same slots bit for
@@ -34,13 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import models, results, rng, simulate
+from fedjax_het import models, results, rng
 from fedjax_het.algorithms import fedavg, fedbuff
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.sampling import uniform
 from fedjax_het.system import events, setup
 from fedjax_het.system.schedule import OK
+from fedjax_het.training import simulate
 
 K, CONCURRENCY, MAX_STALENESS, CLIENTS = 20, 100, 5, 200
 DEFAULT_OUT = Path(__file__).parent / "bench_results" / "async-cpu.jsonl"

@@ -9,7 +9,7 @@ params, Fashion-MNIST-shaped) over ``bench_throughput``'s synthetic stand-in
 (N(0, 1) inputs, uniform labels, 64 examples per client, batch 16, one epoch),
 cohort 10 drawn from 20 clients, chunk ``cohort.auto_chunk`` and 10.
 
-DESIGN.md §9: compile time apart; a validation gate before any timing (with
+experiments/README.md: compile time apart; a validation gate before any timing (with
 identity upload the round's new params equal plain FedAvg's bit for bit, per
 chunk); one warm-up round each, then ``--reps`` timed rounds, interleaved over
 the variants of a chunk setting so that load hits all alike, every output
@@ -36,11 +36,11 @@ import bench_throughput
 import jax
 import numpy as np
 
-from fedjax_het import compression as C
 from fedjax_het import models, results
-from fedjax_het.algorithm import FederatedAlgorithm
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.cohort import auto_chunk
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.cohort import auto_chunk
+from fedjax_het.transforms import compression as C
 
 COHORT = 10
 WORKLOAD = dataclasses.replace(

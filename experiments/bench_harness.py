@@ -1,4 +1,4 @@
-"""The harness shared by ``bench_throughput.py`` and ``bench_scale.py`` (DESIGN.md §9).
+"""The harness shared by ``bench_throughput.py`` and ``bench_scale.py`` (experiments/README.md).
 
 One round of FedAvg (McMahan et al. 2017, Algorithm 1: uniform sampling, one
 local epoch of SGD, example-weighted mean, server step 1) is timed several
@@ -90,17 +90,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import models, online, rng, simulate
-from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het import models, rng
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.local import DeviceSplit, LocalSpec, client_batches
-from fedjax_het.round import Round, RunState, device_split, init_state
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.local import DeviceSplit, LocalSpec, client_batches
+from fedjax_het.engine.round import Round, RunState, device_split, init_state
 from fedjax_het.sampling import uniform
 from fedjax_het.system import policy as policies
 from fedjax_het.system.schedule import OK, OUTCOMES, Schedule, plan_round
 from fedjax_het.system.setup import profiles_from_options
+from fedjax_het.training import online, simulate
 from fedjax_het.typing import Hyper, Params
 
 GATE_TOLERANCE = 5e-3

@@ -48,9 +48,9 @@ from gandalf_fault_tolerance import WORK, partition
 
 from fedjax_het import models, rng
 from fedjax_het import results as run_results
-from fedjax_het.local import ClientTask, local_update
-from fedjax_het.mediator import Mediator, MediatorState, kl_groups, timing
-from fedjax_het.rebalance import class_counts
+from fedjax_het.engine.local import ClientTask, local_update
+from fedjax_het.gandalf.mediator import Mediator, MediatorState, kl_groups, timing
+from fedjax_het.gandalf.rebalance import class_counts
 from fedjax_het.system.profiles import uniform_profiles
 
 OUT = Path(__file__).parent / "bench_results" / "mediator-cpu.jsonl"

@@ -38,10 +38,10 @@ import bench_harness as harness
 import jax
 
 from fedjax_het import models, results
-from fedjax_het.cohort import auto_chunk
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.data.synthetic import leaf_synthetic
+from fedjax_het.engine.cohort import auto_chunk
 
 DATA = {
     "name": "LEAF Synthetic(1, 1)",

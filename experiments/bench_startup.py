@@ -2,7 +2,7 @@
 
 Issue "Accelerator throughput", item 7: a second run of the same config should
 compile nothing it compiled before (``engine.compile_cache``,
-``fedjax_het.compilation``). Each measurement is a fresh process running
+``fedjax_het.training.compilation``). Each measurement is a fresh process running
 ``fedjax-het run --set rounds=R --no-progress`` (the default experiment: the
 784-200-200-10 MLP, FedAvg on the shipped Fashion-MNIST subset, 10 clients a
 round, eval_every = 10), through ``fedjax_het.cli.main`` exactly as the
@@ -56,7 +56,8 @@ TARGET_S = 2.0  # the issue's target: a warm run's first round within 2 s of pro
 CHILD = r"""
 import json, sys, time
 T = {"start": time.time()}
-from fedjax_het import cli, simulate, config as config_lib
+from fedjax_het import cli, config as config_lib
+from fedjax_het.training import simulate
 from fedjax_het.data import diagnostics
 import jax
 T["imported"] = time.time()

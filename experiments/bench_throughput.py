@@ -81,10 +81,11 @@ import bench_scale
 import jax
 import numpy as np
 
-from fedjax_het import memory, models, results
+from fedjax_het import models, results
 from fedjax_het.algorithms.scaffold import scaffold
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
+from fedjax_het.engine import memory
 
 POPULATION_PER_COHORT = 2  # the sampler draws the cohort from twice as many clients
 ALGORITHMS = {"fedavg": None, "scaffold": scaffold}  # engine algorithms (None: the setup's)

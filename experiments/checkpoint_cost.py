@@ -32,8 +32,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fedjax_het import checkpoint, config, results, rng, simulate
-from fedjax_het.client_store import format_bytes
+from fedjax_het import config, results, rng
+from fedjax_het.engine.client_store import format_bytes
+from fedjax_het.training import checkpoint, simulate
 
 CASES = {
     "default": [],

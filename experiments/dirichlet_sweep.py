@@ -55,8 +55,8 @@ import numpy as np
 
 from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
-from fedjax_het import simulate
 from fedjax_het.data import diagnostics
+from fedjax_het.training import simulate
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "experiments" / "results" / "dirichlet_sweep"

@@ -34,13 +34,13 @@ import numpy as np
 
 from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
-from fedjax_het import simulate
 from fedjax_het.algorithms import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks, freezefl
 from fedjax_het.data.batching import LocalWork
-from fedjax_het.online import upload_bytes
 from fedjax_het.system import setup
 from fedjax_het.system.schedule import OK
+from fedjax_het.training import simulate
+from fedjax_het.training.online import upload_bytes
 
 OUT = Path(__file__).parent / "results" / "freezefl_rounds"
 EPOCHS = 3

@@ -7,7 +7,7 @@ majors of client k are classes ``perm[(k + j) % 10]``, j < 4, ``perm`` a seeded 
 every class is major at 8 clients), three methods:
 
 - ``gandalf``: 2 label groups train one conditional WGAN-GP each (``gan_passes`` sweeps), tau 0.5
-  rebalancing, then 2 mediators (``fedjax_het.gandalf.run_gandalf``, defaults of §5.1);
+  rebalancing, then 2 mediators (``fedjax_het.gandalf.pipeline.run_gandalf``, defaults of §5.1);
 - ``mediator``: the same 2 mediators on the raw data, no GAN;
 - ``fedavg``: every client its own group of one, one pass: FedAvg's ``sum (n_k / n) w_k`` over the
   clients that trained, on the same virtual clock;
@@ -18,7 +18,7 @@ Failures. Table 2's caption: the dropout rate is "the fraction of client request
 max wait T_R without FT"; "delay is injected at random to simulate failures". Here every client
 request drops with probability ``rate`` (``profiles.dropout``) at a point uniform over its work;
 without fault tolerance the mediator waits ``T_R`` for it, with it the heartbeat notices the
-silence ``heartbeat`` seconds after the drop (``fedjax_het.mediator``). The measured fraction of
+silence ``heartbeat`` seconds after the drop (``fedjax_het.gandalf.mediator``). The measured fraction of
 failed requests is reported beside the nominal rate.
 
 Virtual time. One local step takes 1 s (transfers free): a raw client (about 660 rows, batch 32,
@@ -52,11 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_het import gandalf, models
+from fedjax_het import models
 from fedjax_het import results as run_results
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data import LocalWork, fashion_mnist
 from fedjax_het.data.federated import FederatedData
+from fedjax_het.gandalf import pipeline as gandalf
 from fedjax_het.system.profiles import uniform_profiles
 
 OUT = Path(__file__).parent / "results" / "gandalf_fault_tolerance"

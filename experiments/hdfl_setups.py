@@ -101,7 +101,6 @@ import numpy as np
 
 from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
-from fedjax_het import simulate
 from fedjax_het.data import catalog
 from fedjax_het.data.quantity_skew import lognormal_sizes
 from fedjax_het.sampling import uniform
@@ -110,6 +109,7 @@ from fedjax_het.sampling.oort import oort
 from fedjax_het.system import policy as policies
 from fedjax_het.system import setup as system_setup
 from fedjax_het.system.schedule import OK
+from fedjax_het.training import simulate
 
 OUT = Path(__file__).parent / "results" / "hdfl_setups"
 METHODS = ("fedavg", "lsfl", "hdfl", "oort")

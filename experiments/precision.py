@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_het import config, results, simulate
+from fedjax_het import config, results
+from fedjax_het.training import simulate
 
 OUT = Path(__file__).parent / "results" / "precision.json"
 PRECISIONS = ("float32", "bfloat16")

@@ -1,7 +1,7 @@
 """Privacy against utility: DP-FedAvg's test accuracy as its epsilon grows (issue 13, item 4).
 
 McMahan et al. 2018 ("Learning Differentially Private Recurrent Language Models", Algorithm 1,
-``fedjax_het.privacy.private``) on the default experiment (Fashion-MNIST subset, 100 clients,
+``fedjax_het.transforms.privacy.private``) on the default experiment (Fashion-MNIST subset, 100 clients,
 Dirichlet 0.5, 784-200-200-10 MLP, one local epoch of batch 20 at lr 0.05): noise multipliers
 ``--noises`` at cohort sizes ``--cohorts``, one clip norm ``--clip``, against non-private FedAvg
 at the same cohorts. Every ``--eval-every`` rounds the test accuracy is paired with the epsilon
@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_het import config as config_lib
-from fedjax_het import privacy
 from fedjax_het import results as run_results
 from fedjax_het.sweep import Cell, sweep
+from fedjax_het.transforms import privacy
 
 OUT = Path(__file__).parent / "results" / "privacy_utility"
 TARGETS = (2.0, 4.0, 8.0)

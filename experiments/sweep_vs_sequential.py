@@ -23,7 +23,7 @@ figures, each sweep against sequential:
   (median, min-max): the sweep's block over 16 cells, against the single-run
   block called for the 16 cells in turn (one compilation, reused).
 
-Validation gate (DESIGN.md §9), before any time counts: the ``map`` sweep's
+Validation gate (experiments/README.md), before any time counts: the ``map`` sweep's
 cells equal their runs bitwise after every round (it runs each cell's unbatched
 program), and one block of either sweep program, from the same state, matches
 the single-run block of every cell within ``GATE_RTOL`` (max |difference| of
@@ -53,8 +53,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import grid, results, rng, simulate
+from fedjax_het import grid, results, rng
 from fedjax_het.sweep import Cell, sweep
+from fedjax_het.training import simulate
 
 OUT = Path(__file__).parent / "bench_results" / "sweep-vs-sequential-cpu.jsonl"
 GATE_RTOL = 1e-4

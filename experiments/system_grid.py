@@ -45,11 +45,11 @@ import numpy as np
 
 from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
-from fedjax_het import simulate
-from fedjax_het.online import upload_bytes
 from fedjax_het.sweep import sweep
 from fedjax_het.system import flhetbench, setup
 from fedjax_het.system.schedule import OK
+from fedjax_het.training import simulate
+from fedjax_het.training.online import upload_bytes
 
 CASES = ("case1", "case2", "case3", "case4")
 OUT = Path(__file__).parent / "results" / "system_grid"

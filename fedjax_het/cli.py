@@ -27,12 +27,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedjax_het import checkpoint, compilation, distributed, results
 from fedjax_het import config as config_lib
-from fedjax_het.checkpoint import CheckpointError
-from fedjax_het.divergence import Diverged
-from fedjax_het.interrupt import Interrupted
+from fedjax_het import results
 from fedjax_het.results import NotWritten, OutDirError
+from fedjax_het.training import checkpoint, compilation, distributed
+from fedjax_het.training.checkpoint import CheckpointError
+from fedjax_het.training.divergence import Diverged
+from fedjax_het.training.interrupt import Interrupted
 
 _CONFIG_HELP = "a TOML config; keys left out take the defaults (see `fedjax-het config`)"
 _SET_HELP = (
@@ -180,7 +181,7 @@ def _stored_config(directory: str, name: str) -> str:
 
 def _run_mediated(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     """``algorithm.name = "gandalf" | "mediator"``: ``gandalf.run_gandalf`` and its run directory."""
-    from fedjax_het import gandalf
+    from fedjax_het.gandalf import pipeline as gandalf
 
     if args.resume:
         return _error(f"{experiment.config['algorithm']['name']} runs cannot be resumed: they "
@@ -209,7 +210,7 @@ def _run_mediated(experiment: config_lib.Experiment, args: argparse.Namespace) -
 
 
 def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
-    from fedjax_het import simulate
+    from fedjax_het.training import simulate
 
     if experiment.mediated is not None:
         return _run_mediated(experiment, args)
@@ -335,8 +336,9 @@ def _describe_data(experiment: config_lib.Experiment, out: Path) -> int:
 
 
 def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
-    from fedjax_het import rng, simulate
+    from fedjax_het import rng
     from fedjax_het.system import flhetbench, report
+    from fedjax_het.training import simulate
 
     if experiment.system is None:
         print("fedjax-het: config error: hetero describe needs a [system] or [policy] table",

@@ -1,4 +1,4 @@
-"""Typed, validated run configs from TOML (DESIGN.md §1: ``config.py``).
+"""Typed, validated run configs from TOML (docs/design.md §2).
 
 A config is a TOML file of a few top-level numbers and one table per part
 of the experiment; anything left out takes the default of :data:`DEFAULTS`::
@@ -35,16 +35,16 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     epochs = 1.0
 
     [engine]            # chunk (0 = automatic), unroll, weighting, eval_batch_size,
-                        # client_state: "auto", "device" or "host" (fedjax_het.client_store),
+                        # client_state: "auto", "device" or "host" (fedjax_het.engine.client_store),
                         # devices (0 = every local device), precision: "float32", "bfloat16"
                         # (local training) or "float64" (the whole run, for reference work),
-                        # nonfinite: "stop" or "drop" (fedjax_het.divergence),
+                        # nonfinite: "stop" or "drop" (fedjax_het.training.divergence),
                         # checkpoint_every (rounds; 0 = only at the end and on Ctrl-C),
                         # matmul_precision: "highest" (float32 products on every backend),
                         # "high" (bf16x3 on GPU) or "default" (TF32 on GPU: about 1e-2
                         # from float32; on CPU all three are the same arithmetic),
                         # compile_cache: true keeps compiled programs on disk for the next
-                        # run (fedjax_het.compilation: $FEDJAX_HET_CACHE_DIR, else
+                        # run (fedjax_het.training.compilation: $FEDJAX_HET_CACHE_DIR, else
                         # ~/.cache/fedjax_het/xla); false compiles everything afresh
 
     [system]            # optional: device and state heterogeneity (fedjax_het.system.setup)
@@ -59,11 +59,11 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     name = "power_of_choice"
     candidates = 20
 
-    [compression]       # optional: compressed updates (fedjax_het.compression.from_options)
+    [compression]       # optional: compressed updates (fedjax_het.transforms.compression.from_options)
     upload = "top_k"    # none, float16, bfloat16, qsgd, terngrad, sign, scaled_sign, random_k
     fraction = 0.01     # (levels for qsgd), error_feedback = true, download = "float16"
 
-    [distributed]       # optional: several processes/hosts (fedjax_het.distributed.Cluster)
+    [distributed]       # optional: several processes/hosts (fedjax_het.training.distributed.Cluster)
     enabled = true
 
 Every key is checked against the signature of the function it feeds, before
@@ -92,17 +92,20 @@ from typing import Any
 
 import jax
 
-from fedjax_het import compilation, compression, distributed, gandalf, models, privacy, registry
-from fedjax_het.algorithm import FederatedAlgorithm
-from fedjax_het.client_store import PLACEMENTS
+from fedjax_het import models, registry
 from fedjax_het.data import catalog, feature_skew, partitioners
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.divergence import NONFINITE
-from fedjax_het.local import PRECISIONS
-from fedjax_het.sampler import Sampler
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.client_store import PLACEMENTS
+from fedjax_het.engine.local import PRECISIONS
+from fedjax_het.gandalf import pipeline as gandalf
 from fedjax_het.system import events, setup
 from fedjax_het.system.policy import RoundPolicy, num_selected
+from fedjax_het.system.sampler import Sampler
+from fedjax_het.training import compilation, distributed
+from fedjax_het.training.divergence import NONFINITE
+from fedjax_het.transforms import compression, privacy
 
 
 class ConfigError(ValueError):
@@ -166,7 +169,7 @@ class Experiment:
     mediated: gandalf.GandalfOptions | None = None  # algorithm.name "gandalf" or "mediator"
 
     def run_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`fedjax_het.simulate.run` this config asks for."""
+        """The keyword arguments of :func:`fedjax_het.training.simulate.run` this config asks for."""
         engine = self.config["engine"]
         return {
             "rounds": self.config["rounds"],

@@ -1,4 +1,4 @@
-"""Grids of runs from one config, as few compiled programs as the grid allows (DESIGN.md §8).
+"""Grids of runs from one config, as few compiled programs as the grid allows (docs/design.md §3).
 
 ``fedjax-het sweep CONFIG --grid algorithm.client_lr=0.01,0.03,0.1 --grid seed=0..3``
 runs the product of its axes. Each cell is the config with the user's
@@ -44,11 +44,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedjax_het import checkpoint, distributed, results, simulate
 from fedjax_het import config as config_lib
+from fedjax_het import results
 from fedjax_het.config import ConfigError, Experiment
 from fedjax_het.sweep import Cell, stack_key, sweep
 from fedjax_het.system.setup import System
+from fedjax_het.training import checkpoint, distributed, simulate
 
 _RANGE = re.compile(r"^(-?\d+)\s*\.\.\s*(-?\d+)$")
 _CLOSING = {"[": "]", "{": "}"}

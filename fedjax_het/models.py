@@ -1,4 +1,4 @@
-"""Models as three pure functions, and the small model zoo (DESIGN.md §3).
+"""Models as three pure functions, and the small model zoo (docs/design.md §3).
 
 A :class:`Model` is ``init(key) -> params``, ``apply(params, x, *, train, key)
 -> outputs`` and a per-example loss; ``loss(outputs, y, mask)`` is its masked

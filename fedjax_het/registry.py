@@ -1,7 +1,7 @@
 """Looking algorithms and samplers up by name, for configs and the command line.
 
 The engine never imports ``fedjax_het.algorithms`` or ``fedjax_het.sampling``
-(DESIGN.md §1): they announce their factories as package entry points
+(docs/design.md §2): they announce their factories as package entry points
 (groups ``fedjax_het.algorithms``, ``fedjax_het.samplers``,
 ``fedjax_het.device_samplers``, ``fedjax_het.state_samplers`` and
 ``fedjax_het.selections`` in ``pyproject.toml``), and third-party packages

@@ -195,7 +195,7 @@ def plot_curves(metrics: list[Mapping[str, Any]], path: Path) -> None:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, device, flags and git revision, read by the program (DESIGN.md §9).
+    """Versions, device, flags and git revision, read by the program (docs/design.md §9).
 
     Benchmarks and experiments record this beside their figures, so a number
     never travels without the environment that produced it.

@@ -1,4 +1,4 @@
-"""Many runs as one program: cells of seeds, hyperparameters and systems (DESIGN.md §8).
+"""Many runs as one program: cells of seeds, hyperparameters and systems (docs/design.md §3).
 
 A heterogeneity study trains the same model under many settings (FLHetBench's
 4 device x 4 state grid, §5.2.3), learning rates and seeds. ``sweep`` stacks
@@ -45,19 +45,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import checkpoint, client_store, compilation, rng, simulate
-from fedjax_het.algorithm import FederatedAlgorithm
-from fedjax_het.cohort import client_mesh
+from fedjax_het import rng
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.interrupt import Interrupted
-from fedjax_het.local import hyper_dtype, run_model
-from fedjax_het.metrics import schedule_accounting
+from fedjax_het.engine import client_store
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.cohort import client_mesh
+from fedjax_het.engine.local import hyper_dtype, run_model
 from fedjax_het.models import Model
-from fedjax_het.sampler import Sampler
-from fedjax_het.simulate import History, Recorder, Setup, plan_runs, ring_depth, train_loop
 from fedjax_het.system.events import AsyncServer
+from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.setup import System
+from fedjax_het.training import checkpoint, compilation, simulate
+from fedjax_het.training.interrupt import Interrupted
+from fedjax_het.training.metrics import schedule_accounting
+from fedjax_het.training.simulate import History, Recorder, Setup, plan_runs, ring_depth, train_loop
 from fedjax_het.typing import Hyper, PyTree
 
 

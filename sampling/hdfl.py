@@ -28,7 +28,7 @@ LS-FL (Bonawitz et al. 2019, as HDFL's baseline: over-select 33 %, keep the firs
 >>> float(underestimation(jnp.array([[2.0, 0.0]]), jnp.array([[0.0, 2.0]]))[0])  # disjoint
 1.0
 >>> select = hdfl(5, 3, cdr_max=1.0)
->>> from fedjax_het.sampler import ClientRecord, ClientReport
+>>> from fedjax_het.system.sampler import ClientRecord, ClientReport
 >>> report = ClientReport(jnp.arange(5.0), jnp.zeros(5), jnp.full(5, 10))
 >>> ids, valid, _ = select.select(jax.random.key(0), 0, jnp.ones(5, bool),
 ...                               ClientRecord.empty(5), select.init(5), report)
@@ -64,9 +64,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fedjax_het.sampler import ClientRecord, ClientReport, LearnedSelection
 from fedjax_het.system import setup
 from fedjax_het.system.policy import RoundPolicy
+from fedjax_het.system.sampler import ClientRecord, ClientReport, LearnedSelection
 
 LS_FL_OVER_COMMIT = 1.0 / 3.0  # Bonawitz et al. 2019 as HDFL runs it: select 4/3 m, keep m
 

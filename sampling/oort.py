@@ -25,7 +25,7 @@ A ``LearnedSelection`` for ``simulate.run(..., select=...)``; it asks the engine
 for squared losses (``ClientRecord.loss_sq``) and keeps the pacer as its state.
 
 >>> import jax, jax.numpy as jnp
->>> from fedjax_het.sampler import ClientRecord, ClientReport
+>>> from fedjax_het.system.sampler import ClientRecord, ClientReport
 >>> select = oort(6, 2)
 >>> report = ClientReport(jnp.arange(1.0, 7.0), jnp.zeros(6), jnp.full(6, 10))
 >>> ids, valid, state = select.select(
@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.sampler import ClientRecord, ClientReport, LearnedSelection
+from fedjax_het.system.sampler import ClientRecord, ClientReport, LearnedSelection
 
 
 @struct.dataclass

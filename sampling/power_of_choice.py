@@ -14,7 +14,7 @@ eventually measured.
 A ``LearnedSelect`` for ``simulate.run(..., select=...)``.
 
 >>> import jax, jax.numpy as jnp
->>> from fedjax_het.sampler import ClientRecord
+>>> from fedjax_het.system.sampler import ClientRecord
 >>> record = ClientRecord.empty(6).replace(loss=jnp.array([0.1, 5.0, 0.2, 3.0, 0.3, 0.4]))
 >>> select = power_of_choice(6, 2, candidates=6)  # every client is a candidate
 >>> ids, valid = select(jax.random.key(0), 0, jnp.ones(6, bool), record)
@@ -27,7 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.sampler import ClientRecord, LearnedSelect
+from fedjax_het.system.sampler import ClientRecord, LearnedSelect
 
 
 def power_of_choice(num_clients: int, num_slots: int, *, candidates: int) -> LearnedSelect:

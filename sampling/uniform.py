@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import jax
 
-from fedjax_het.sampler import Sampler
+from fedjax_het.system.sampler import Sampler
 
 
 def uniform(num_clients: int, cohort_size: int) -> Sampler:

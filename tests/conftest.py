@@ -22,7 +22,7 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=4".strip()
 
-# The persistent compilation cache (fedjax_het.compilation) of every run in the session, and
+# The persistent compilation cache (fedjax_het.training.compilation) of every run in the session, and
 # of the commands tests start in subprocesses: a folder of its own, removed at the end; never
 # the user's ~/.cache.
 _CACHE = tempfile.mkdtemp(prefix="fedjax_het-test-xla-")

@@ -9,14 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import local, models, registry
-from fedjax_het.algorithm import ClientStats, masked_mean, weighted_mean
+from fedjax_het import models, registry
 from fedjax_het.algorithms import fedavg, fednova, fedprox
-from fedjax_het.cohort import run_cohort
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.round import Round, device_split, init_state
-from fedjax_het.sampler import Sampler
+from fedjax_het.engine import local
+from fedjax_het.engine.algorithm import ClientStats, masked_mean, weighted_mean
+from fedjax_het.engine.cohort import run_cohort
+from fedjax_het.engine.round import Round, device_split, init_state
+from fedjax_het.system.sampler import Sampler
 
 NUM_FEATURES, NUM_CLASSES = 4, 3
 SIZES = (5, 12, 30)

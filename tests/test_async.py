@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import test_scaffold_feddyn as reference
 
-from fedjax_het import local
 from fedjax_het.algorithms.fedasync import fedasync
 from fedjax_het.algorithms.fedbuff import fedbuff
 from fedjax_het.algorithms.staleness import staleness_fn
-from fedjax_het.round import Round, device_split, init_state
+from fedjax_het.engine import local
+from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.system import availability as avail
 from fedjax_het.system import events
 from fedjax_het.system.profiles import ClientProfiles

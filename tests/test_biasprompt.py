@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 
 from fedjax_het import rng
-from fedjax_het.algorithm import ClientStats, weighted_mean
 from fedjax_het.algorithms.biasprompt import ServerState, biasprompt_plus
 from fedjax_het.algorithms.fedavg import fedavgm
-from fedjax_het.cohort import client_mesh, run_cohort
-from fedjax_het.local import ClientTask
+from fedjax_het.engine.algorithm import ClientStats, weighted_mean
+from fedjax_het.engine.cohort import client_mesh, run_cohort
+from fedjax_het.engine.local import ClientTask
 
 FORMS = ("sum", "seq", "naive")
 MAX_STALENESS = 3

@@ -19,10 +19,11 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import checkpoint, cli, config, simulate
-from fedjax_het.interrupt import Interrupted
+from fedjax_het import cli, config
 from fedjax_het.results import NotWritten, OutDirError
 from fedjax_het.sweep import Cell, sweep
+from fedjax_het.training import checkpoint, simulate
+from fedjax_het.training.interrupt import Interrupted
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=8", "sampler.clients_per_round=3",

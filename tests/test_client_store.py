@@ -19,10 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import config, local, models, rng
-from fedjax_het.algorithm import LocalContext
+from fedjax_het import config, models, rng
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.client_store import (
+from fedjax_het.data import FederatedData, LocalWork
+from fedjax_het.engine import local
+from fedjax_het.engine.algorithm import LocalContext
+from fedjax_het.engine.client_store import (
     ON_DEVICE,
     DeviceStore,
     HostStore,
@@ -30,11 +32,10 @@ from fedjax_het.client_store import (
     available_memory,
     plan_client_state,
 )
-from fedjax_het.data import FederatedData, LocalWork
-from fedjax_het.round import Round, device_split, init_state
-from fedjax_het.sampler import Sampler
-from fedjax_het.simulate import Setup, run, train_loop
+from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.sweep import sweep
+from fedjax_het.system.sampler import Sampler
+from fedjax_het.training.simulate import Setup, run, train_loop
 
 F, C, N = 5, 3, 6
 SIZES = (1, 6, 17, 30, 9, 12)

@@ -24,16 +24,24 @@ import numpy as np
 import pytest
 import test_scaffold_feddyn as reference
 
-from fedjax_het import compression, models, simulate
-from fedjax_het.algorithm import ClientStats
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg, scaffold
 from fedjax_het.algorithms.freezefl import freezefl
-from fedjax_het.compression import ErrorFeedbackState, compressed, error_feedback, qsgd, top_k
 from fedjax_het.config import ConfigError, build, load
 from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.engine.algorithm import ClientStats
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
+from fedjax_het.training import simulate
+from fedjax_het.transforms import compression
+from fedjax_het.transforms.compression import (
+    ErrorFeedbackState,
+    compressed,
+    error_feedback,
+    qsgd,
+    top_k,
+)
 
 FRACTION = 0.4  # of the reference's logistic regression: 6 of 15 weights, 2 of 3 biases
 NUM_CLIENTS = 6

@@ -1,4 +1,4 @@
-"""Update compressors (``fedjax_het.compression``): decoded values, unbiasedness, exact bits.
+"""Update compressors (``fedjax_het.transforms.compression``): decoded values, unbiasedness, exact bits.
 
 - Deterministic compressors equal a numpy reference bit for bit. Their inputs
   are multiples of 1/16 in [-4, 4], so every sum (the scaled sign's
@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import compression
-from fedjax_het.compression import (
+from fedjax_het.transforms import compression
+from fedjax_het.transforms.compression import (
     Payload,
     bits,
     bytes_sent,

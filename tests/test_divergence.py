@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_het import cli, config, models, simulate
+from fedjax_het import cli, config, models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data import FederatedData, LocalWork
-from fedjax_het.divergence import Diverged, first_divergence
 from fedjax_het.sampling import uniform
+from fedjax_het.training import simulate
+from fedjax_het.training.divergence import Diverged, first_divergence
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3",

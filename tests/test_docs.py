@@ -2,9 +2,9 @@
 
 - docs/design.md's import diagram is what ``docs/make_diagram.py`` writes from the code
   now: a module added or an import changed without regenerating it fails here.
-- Every ``fedjax_het`` name in backticks in docs/*.md (``fedjax_het.cohort.StateTable``)
+- Every ``fedjax_het`` name in backticks in docs/*.md (``fedjax_het.engine.cohort.StateTable``)
   imports and resolves, and every repository path in backticks
-  (``fedjax_het/cohort.py``, ``algorithms/fedavg.py``) exists.
+  (``fedjax_het/engine/cohort.py``, ``algorithms/fedavg.py``) exists.
 - docs/algorithms.md's worked example runs: its ``python`` blocks, in order, define an
   algorithm in under 50 lines, register it and train 3 rounds; one FedExP round then moves
   the model ``eta >= 1`` times as far as a FedAvg round from the same start.
@@ -53,7 +53,7 @@ def test_design_diagram_is_current():
 def test_diagram_places_every_module():
     diagram = make_diagram()
     found = diagram.modules()
-    assert "fedjax_het.cohort" in found and "fedjax_het.algorithms.fedavg" in found
+    assert "fedjax_het.engine.cohort" in found and "fedjax_het.algorithms.fedavg" in found
     unplaced = sorted(n for n in found if diagram.group_of(n) == diagram.UNPLACED[0])
     assert not unplaced, f"place these modules in docs/make_diagram.py's GROUPS: {unplaced}"
 

@@ -1,4 +1,4 @@
-"""The vectorised round equals a per-client sequential reference (DESIGN.md §9 validation gate).
+"""The vectorised round equals a per-client sequential reference (docs/design.md §7).
 
 The references are written here, independently of the engine: multinomial
 logistic regression trained client by client with float64 numpy SGD on the
@@ -23,13 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import local, models, rng
+from fedjax_het import models, rng
 from fedjax_het.algorithms import fedadam, fedavg, fedavgm
-from fedjax_het.cohort import run_cohort
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.round import Round, device_split, init_state
-from fedjax_het.sampler import Sampler
+from fedjax_het.engine import local
+from fedjax_het.engine.cohort import run_cohort
+from fedjax_het.engine.round import Round, device_split, init_state
+from fedjax_het.system.sampler import Sampler
 
 NUM_FEATURES, NUM_CLASSES = 5, 3
 SIZES = (1, 3, 17, 40)  # very different client sizes: a lone example up to ten batches

@@ -1,6 +1,6 @@
 """What must not change a round: chunking, cohort order, dropped clients, masks, traced numbers.
 
-DESIGN.md §6 and §8: results do not depend on the chunk size beyond float
+docs/design.md §3 and §3: results do not depend on the chunk size beyond float
 summation order, and randomness is ``fold_in(seed, round, client_id)``, so a
 run is bitwise reproducible and independent of cohort order. §4 and STYLE.md
 habit 6: an all-true step mask gives bitwise the unmasked result, an
@@ -24,16 +24,18 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_het import local, models, rng, simulate
-from fedjax_het import round as round_lib
+from fedjax_het import models, rng
 from fedjax_het.algorithms import fedadam, fedavg
-from fedjax_het.cohort import run_cohort
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.data.synthetic import leaf_synthetic
-from fedjax_het.sampler import Sampler
+from fedjax_het.engine import local
+from fedjax_het.engine import round as round_lib
+from fedjax_het.engine.cohort import run_cohort
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup as system_setup
+from fedjax_het.system.sampler import Sampler
+from fedjax_het.training import simulate
 
 NUM_FEATURES, NUM_CLASSES, NUM_CLIENTS = 5, 3, 10
 CLIENTS = leaf_synthetic(

@@ -1,4 +1,4 @@
-"""``engine.matmul_precision`` and ``engine.compile_cache`` (``fedjax_het.compilation``).
+"""``engine.matmul_precision`` and ``engine.compile_cache`` (``fedjax_het.training.compilation``).
 
 Precision: what reaches the compiled programs is checked in the StableHLO that a run
 lowers (``jax_dump_ir_to``): every ``dot_general`` of the training block and of the
@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import cli, compilation, simulate
+from fedjax_het import cli
 from fedjax_het import config as config_lib
 from fedjax_het.sweep import sweep
+from fedjax_het.training import compilation, simulate
 
 TINY = ['data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3",
         "model.name=mlp", "model.hidden=[8]", "rounds=2", "eval_every=1", "engine.devices=1"]

@@ -14,12 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import models, simulate
+from fedjax_het import models
 from fedjax_het.algorithms.fetchsgd import CountSketch, fetchsgd
 from fedjax_het.config import ConfigError, build, load
 from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampling import uniform
+from fedjax_het.training import simulate
 
 D = 40
 SKETCH = CountSketch.draw(D, rows=3, cols=16, seed=5)

@@ -19,7 +19,7 @@ import pytest
 import test_scaffold_feddyn as reference
 
 import fedjax_het
-from fedjax_het import algorithms, models, simulate
+from fedjax_het import algorithms, models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.algorithms.freezefl import freezefl
 from fedjax_het.config import ConfigError, build, load
@@ -27,6 +27,7 @@ from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampling import power_of_choice, uniform
 from fedjax_het.system import setup
+from fedjax_het.training import simulate
 
 NUM_CLIENTS = 6
 DATA = leaf_synthetic(num_clients=NUM_CLIENTS, alpha=0.5, beta=0.5, num_features=6, num_classes=3)

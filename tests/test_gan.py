@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import gan as gan_lib
-from fedjax_het import gandalf, rebalance, rng
+from fedjax_het import rng
 from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het.gandalf import gan as gan_lib
+from fedjax_het.gandalf import pipeline as gandalf
+from fedjax_het.gandalf import rebalance
 
 
 def np_mlp(params, h):

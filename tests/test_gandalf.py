@@ -1,4 +1,4 @@
-"""GANDALF end to end (``fedjax_het.gandalf``): options, the pipeline, and what it reports.
+"""GANDALF end to end (``fedjax_het.gandalf.pipeline``): options, the pipeline, and what it reports.
 
 - ``gandalf_options``: the paper's defaults; every bad option is a one-line
   ``ValueError`` naming the option (tau 0 and 1.5, M_g 0, M_c 0, both or
@@ -23,11 +23,13 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import gandalf, models, rebalance
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.mediator import kl_groups, run_mediator
+from fedjax_het.gandalf import pipeline as gandalf
+from fedjax_het.gandalf import rebalance
+from fedjax_het.gandalf.mediator import kl_groups, run_mediator
 from fedjax_het.system.profiles import uniform_profiles
 
 F, C = 4, 3

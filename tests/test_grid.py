@@ -10,10 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import cli, grid, simulate
+from fedjax_het import cli, grid
 from fedjax_het import config as config_lib
 from fedjax_het.config import ConfigError
 from fedjax_het.sweep import Cell, sweep
+from fedjax_het.training import simulate
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=6", "data.num_features=8", "data.num_classes=3",

@@ -1,4 +1,4 @@
-"""Every module of the package imports, and every package folder is installed (DESIGN.md §1)."""
+"""Every module of the package imports, and every package folder is installed (docs/design.md §2)."""
 
 import importlib
 import pkgutil

@@ -1,4 +1,4 @@
-"""GANDALF's mediators (``fedjax_het.mediator``) against references written here.
+"""GANDALF's mediators (``fedjax_het.gandalf.mediator``) against references written here.
 
 - ``kl_groups``: each choice is re-checked by brute force (every remaining
   client's ``D_KL(P_m + P_c || P_u)`` in float64 with ``math.log``), every
@@ -32,12 +32,21 @@ import numpy as np
 import pytest
 import test_scaffold_feddyn as reference
 
-from fedjax_het import local, mediator, models, rng
+from fedjax_het import models, rng
 from fedjax_het.algorithms import fedavg, scaffold
 from fedjax_het.data import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.mediator import GroupPlan, Groups, Mediator, MediatorState, kl_groups, timing
-from fedjax_het.round import device_split
+from fedjax_het.engine import local
+from fedjax_het.engine.round import device_split
+from fedjax_het.gandalf import mediator
+from fedjax_het.gandalf.mediator import (
+    GroupPlan,
+    Groups,
+    Mediator,
+    MediatorState,
+    kl_groups,
+    timing,
+)
 from fedjax_het.system.availability import Availability
 from fedjax_het.system.profiles import uniform_profiles
 from fedjax_het.system.schedule import DROPPED, EMPTY, LATE, OK, UNAVAILABLE

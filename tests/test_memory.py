@@ -16,12 +16,13 @@ import dataclasses
 import jax
 import pytest
 
-from fedjax_het import cohort, memory, models
-from fedjax_het import round as round_module
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg, scaffold
-from fedjax_het.client_store import tree_bytes
 from fedjax_het.data import LocalWork
-from fedjax_het.local import LocalSpec
+from fedjax_het.engine import cohort, memory
+from fedjax_het.engine import round as round_module
+from fedjax_het.engine.client_store import tree_bytes
+from fedjax_het.engine.local import LocalSpec
 
 N, ROWS = 100, 2000
 

@@ -18,7 +18,8 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_het import cli, config, simulate
+from fedjax_het import cli, config
+from fedjax_het.training import simulate
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=10", "sampler.clients_per_round=7",

@@ -7,18 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import models, online, simulate
-from fedjax_het import round as round_lib
-from fedjax_het.algorithm import Freezing, masked_mean
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks, freeze_objective, freezefl
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
-from fedjax_het.sampler import ClientRecord
+from fedjax_het.engine import round as round_lib
+from fedjax_het.engine.algorithm import Freezing, masked_mean
 from fedjax_het.sampling import power_of_choice, uniform
 from fedjax_het.system import setup
 from fedjax_het.system.flhetbench import participation_counts
+from fedjax_het.system.sampler import ClientRecord
 from fedjax_het.system.schedule import OK, select_among_ready
+from fedjax_het.training import online, simulate
 
 N, M = 12, 4
 DATA = leaf_synthetic(num_clients=N, alpha=0.5, beta=0.5, num_features=6, num_classes=3)

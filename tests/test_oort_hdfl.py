@@ -16,11 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import models, online, simulate
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
-from fedjax_het.sampler import ClientRecord, ClientReport
 from fedjax_het.sampling import uniform
 from fedjax_het.sampling.hdfl import (
     HDFLState,
@@ -34,7 +33,9 @@ from fedjax_het.sampling.hdfl import (
 from fedjax_het.sampling.oort import OortState, exploration_share, oort, pace, utility
 from fedjax_het.system import setup
 from fedjax_het.system.policy import num_selected
+from fedjax_het.system.sampler import ClientRecord, ClientReport
 from fedjax_het.system.schedule import OK, schedule_round
+from fedjax_het.training import online, simulate
 
 N, M = 8, 3
 DATA = leaf_synthetic(num_clients=N, alpha=0.5, beta=0.5, num_features=4, num_classes=3)

@@ -1,4 +1,4 @@
-"""DP-FedAvg (``fedjax_het.privacy``): clipping, noise and the accountant, each against an
+"""DP-FedAvg (``fedjax_het.transforms.privacy``): clipping, noise and the accountant, each against an
 independent computation.
 
 - Four rounds of DP-FedAvg without noise against a float64 per-client sequential
@@ -28,11 +28,12 @@ import numpy as np
 import pytest
 import test_scaffold_feddyn as reference
 
-from fedjax_het import privacy, rng
+from fedjax_het import rng
 from fedjax_het.algorithms import fedavg, scaffold
 from fedjax_het.config import ConfigError, build, load
-from fedjax_het.privacy import ClippedUpdate, add_noise, clip, epsilon, private
-from fedjax_het.round import server_stream
+from fedjax_het.engine.round import server_stream
+from fedjax_het.transforms import privacy
+from fedjax_het.transforms.privacy import ClippedUpdate, add_noise, clip, epsilon, private
 
 CLIP = 0.05  # clips some of the reference's client updates and not others
 COHORT = 3  # the reference's rounds have three slots

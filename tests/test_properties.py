@@ -62,13 +62,14 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, note, settings
 
-from fedjax_het import local, models, rng
-from fedjax_het.algorithm import delta_update
+from fedjax_het import models, rng
 from fedjax_het.algorithms import fedavg
-from fedjax_het.client_store import DeviceStore
-from fedjax_het.cohort import client_mesh
 from fedjax_het.data.batching import LocalWork
-from fedjax_het.round import Round, init_state
+from fedjax_het.engine import local
+from fedjax_het.engine.algorithm import delta_update
+from fedjax_het.engine.client_store import DeviceStore
+from fedjax_het.engine.cohort import client_mesh
+from fedjax_het.engine.round import Round, init_state
 from fedjax_het.sampling.uniform import uniform
 from fedjax_het.system import policy as policies
 from fedjax_het.system.availability import Availability

@@ -26,18 +26,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import local, models, rng
-from fedjax_het.algorithm import ClientStats
+from fedjax_het import models, rng
 from fedjax_het.algorithms.ditto import ditto
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.qffl import FairUpdate, fair_sum, qffl
 from fedjax_het.data import FederatedData, LocalWork
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.data.synthetic import leaf_synthetic
-from fedjax_het.round import Round, device_split, init_state
-from fedjax_het.sampler import Sampler
+from fedjax_het.engine import local
+from fedjax_het.engine.algorithm import ClientStats
+from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.sampling import uniform
-from fedjax_het.simulate import run
+from fedjax_het.system.sampler import Sampler
+from fedjax_het.training.simulate import run
 
 F, C = 5, 3
 SIZES = (1, 6, 17, 30)

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import rebalance
 from fedjax_het.data.federated import FederatedData
+from fedjax_het.gandalf import rebalance
 
 
 def reference_counts(n, mix, tau, j, cap):

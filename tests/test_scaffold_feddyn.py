@@ -30,15 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import local, models, rng
-from fedjax_het.algorithm import ClientStats, weighted_mean
+from fedjax_het import models, rng
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.feddyn import dyn_mean, feddyn
 from fedjax_het.algorithms.scaffold import ClientUpdate, scaffold, scaffold_mean
 from fedjax_het.data import LocalWork
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.round import Round, device_split, init_state, server_stream
-from fedjax_het.sampler import Sampler
+from fedjax_het.engine import local
+from fedjax_het.engine.algorithm import ClientStats, weighted_mean
+from fedjax_het.engine.round import Round, device_split, init_state, server_stream
+from fedjax_het.system.sampler import Sampler
 
 F, C = 5, 3
 SIZES = (1, 6, 17, 30)

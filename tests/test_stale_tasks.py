@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import models, simulate
+from fedjax_het import models
 from fedjax_het.algorithms import biasprompt_plus
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
@@ -26,6 +26,7 @@ from fedjax_het.system import policy as policies
 from fedjax_het.system import profiles as prof
 from fedjax_het.system import schedule as scheduling
 from fedjax_het.system import setup
+from fedjax_het.training import simulate
 
 N, M, DEADLINE, OVERHEAD = 8, 3, 10.0, 1.0
 STEP_TIME = np.array([1.0, 2.5, 4.0, 6.5, 9.0, 13.0, 21.0, 35.0])  # one task = 3 steps

@@ -6,13 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import models, simulate
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampling import uniform
 from fedjax_het.sweep import sweep
 from fedjax_het.system import setup
+from fedjax_het.training import simulate
 
 NUM_CLIENTS = 12
 DATA = leaf_synthetic(num_clients=NUM_CLIENTS, alpha=0.5, beta=0.5, num_features=6, num_classes=3)

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 import fedjax_het
-from fedjax_het import local, models
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
-from fedjax_het.round import Round, device_split, init_state
-from fedjax_het.sampler import Sampler
+from fedjax_het.engine import local
+from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
+from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import DROPPED, LATE, OK, UNAVAILABLE, Schedule
 
 NUM_CLIENTS = 4

@@ -24,18 +24,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import local, models, online, rng, simulate
-from fedjax_het.algorithm import masked_mean
+from fedjax_het import models, rng
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks
 from fedjax_het.algorithms.timelyfl import choose_depth, least_frozen_fitting, timelyfl
 from fedjax_het.data import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.round import device_split
+from fedjax_het.engine import local
+from fedjax_het.engine.algorithm import masked_mean
+from fedjax_het.engine.round import device_split
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.system.schedule import LATE, OK
+from fedjax_het.training import online, simulate
 
 F, C, HIDDEN = 5, 3, (6, 5)
 SIZES = (3, 7, 12, 20, 9, 30, 5, 16)

@@ -20,14 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import cohort, local, models, rng
-from fedjax_het import round as round_lib
-from fedjax_het.algorithm import ClientStats, weighted_mean
+from fedjax_het import models, rng
 from fedjax_het.algorithms import fedavg, fedbuff, scaffold
-from fedjax_het.client_store import HostStore
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.data.synthetic import leaf_synthetic
+from fedjax_het.engine import cohort, local
+from fedjax_het.engine import round as round_lib
+from fedjax_het.engine.algorithm import ClientStats, weighted_mean
+from fedjax_het.engine.client_store import HostStore
 from fedjax_het.sampling import uniform
 from fedjax_het.system.schedule import DROPPED, EMPTY, LATE, OK, Schedule
 

@@ -1,4 +1,4 @@
-"""Local batches as indices drawn inside jit (DESIGN.md §2).
+"""Local batches as indices drawn inside jit (docs/design.md §3).
 
 A client's round of local work is ``num_steps`` minibatches of ``batch_size``
 rows of its own data. Only indices are drawn here, shape

@@ -1,4 +1,4 @@
-"""The flat federated data store (DESIGN.md §2).
+"""The flat federated data store (docs/design.md §3).
 
 All examples of all clients live in one flat array; client ``k`` owns rows
 ``offset[k] : offset[k] + count[k]``. Nothing is padded per client, so heavy

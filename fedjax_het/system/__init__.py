@@ -1,4 +1,4 @@
-"""System heterogeneity: device and state profiles, availability, the round schedule (DESIGN.md §7)."""
+"""System heterogeneity: device and state profiles, availability, the round schedule (docs/design.md §5)."""
 
 from fedjax_het.system import availability, profiles, sources, sources_csv, sources_synthetic
 from fedjax_het.system.availability import Availability

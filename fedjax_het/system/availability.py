@@ -1,4 +1,4 @@
-"""Availability traces as interval arrays, queried inside jit (DESIGN.md §7).
+"""Availability traces as interval arrays, queried inside jit (docs/design.md §5).
 
 A trace is a set of "ready" intervals ``[start, end)`` within one cycle of
 length ``period`` (seconds); simulated time ``t`` maps to position

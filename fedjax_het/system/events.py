@@ -3,10 +3,10 @@
 FedBuff's server (Nguyen et al. 2022, "Federated Learning with Buffered
 Asynchronous Aggregation", Algorithm 1; FLHetBench's asynchronous server,
 notes §4.5) on the virtual clock, as a pure, jit-able function of the
-profiles, the server's shape and the seed. DESIGN.md §7: a client's update
+profiles, the server's shape and the seed. docs/design.md §5: a client's update
 depends only on the model version it downloaded, so the timing of the whole
 run is computed apart from learning, like the synchronous ``schedule``; the
-training ``scan`` (``fedjax_het.round.Round`` with a ring of recent models)
+training ``scan`` (``fedjax_het.engine.round.Round`` with a ring of recent models)
 then trains each event's arrivals from the versions this schedule names.
 
 The model. The server keeps ``concurrency`` task slots busy. A free slot at

@@ -1,4 +1,4 @@
-"""Round policies: when a synchronous round ends and whose work counts (DESIGN.md §7).
+"""Round policies: when a synchronous round ends and whose work counts (docs/design.md §5).
 
 A ``RoundPolicy`` holds the numbers a sweep may vary as traced leaves
 (deadline, readiness share ``r``, over-commitment factor, server overhead) and
@@ -11,7 +11,7 @@ with a factory, which validates the numbers:
 - ``deadline``: clients must finish within ``deadline`` seconds or the server
   proceeds without them (FLHetBench §3, "deadline-based strategy"); late work
   is dropped, or planned as partial work ``steps_k = floor((deadline - comm_k)
-  / step_time_k)`` (DESIGN.md §7).
+  / step_time_k)`` (docs/design.md §5).
 - ``readiness``: the round ends when a share ``1 - r`` of the selected clients
   has finished (FLHetBench §3, "readiness-based strategy", r = 0.2).
 

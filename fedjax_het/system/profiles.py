@@ -1,4 +1,4 @@
-"""Per-client system profiles: compute speed, network, availability, dropout (DESIGN.md §7).
+"""Per-client system profiles: compute speed, network, availability, dropout (docs/design.md §5).
 
 Everything is an array with a leading client axis ``[N]``, so a schedule can
 be computed inside jit and ``vmap``-ed over seeds and heterogeneity levels.

@@ -1,6 +1,6 @@
 """The round schedule: who is selected, who finishes, who fails and why, how long rounds take.
 
-DESIGN.md §7: for most algorithms the timing of a run depends only on the
+docs/design.md §5: for most algorithms the timing of a run depends only on the
 client profiles, the round policy, the payload and the seed, never on model
 values, so it is computed apart from learning, as arrays for the whole run
 (``schedule``, a ``lax.scan`` over rounds), or one round at a time for
@@ -68,10 +68,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.sampler import Sampler
 from fedjax_het.system import availability as avail
 from fedjax_het.system.policy import KINDS, RoundPolicy, num_selected, round_end
 from fedjax_het.system.profiles import ClientProfiles, transfer_time
+from fedjax_het.system.sampler import Sampler
 from fedjax_het.typing import PRNGKey
 
 OK, UNAVAILABLE, LATE, DROPPED, EMPTY = 0, 1, 2, 3, 4

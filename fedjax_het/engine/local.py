@@ -1,4 +1,4 @@
-"""One client's round of local training: a loop over steps, with masks (DESIGN.md §4).
+"""One client's round of local training: a loop over steps, with masks (docs/design.md §4).
 
 Written for a single client, with no client axis; ``cohort.py`` adds the axis.
 The step loop runs ``step_bound`` steps: the client's own count alone, or under
@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
 from fedjax_het.data.batching import LocalWork, batch_indices, steps_for
+from fedjax_het.engine.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, PRNGKey, PyTree, Update
 

@@ -1,4 +1,4 @@
-"""Rounds whose schedule is computed inside the training loop (DESIGN.md §7, last paragraph).
+"""Rounds whose schedule is computed inside the training loop (docs/design.md §5).
 
 ``simulate.run`` with a system plans the whole run before training, which is
 right while timing does not depend on model values. Two things break that:
@@ -47,23 +47,23 @@ import numpy as np
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.algorithm import FederatedAlgorithm, LocalContext
-from fedjax_het.cohort import run_cohort
-from fedjax_het.compression import bytes_sent, identity
-from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
+from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext
+from fedjax_het.engine.cohort import run_cohort
+from fedjax_het.engine.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
+from fedjax_het.engine.round import Round, RunState, server_stream
 from fedjax_het.models import Model
-from fedjax_het.round import Round, RunState, server_stream
-from fedjax_het.sampler import (
+from fedjax_het.system import availability as avail
+from fedjax_het.system.policy import RoundPolicy, num_selected
+from fedjax_het.system.profiles import ClientProfiles
+from fedjax_het.system.sampler import (
     ClientRecord,
     ClientReport,
     LearnedSelect,
     LearnedSelection,
     as_selection,
 )
-from fedjax_het.system import availability as avail
-from fedjax_het.system.policy import RoundPolicy, num_selected
-from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.schedule import EMPTY, OK, UNAVAILABLE, Schedule, schedule_round
+from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
 

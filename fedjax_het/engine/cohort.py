@@ -1,4 +1,4 @@
-"""Running a cohort of clients as one program (DESIGN.md §6).
+"""Running a cohort of clients as one program (docs/design.md §3).
 
 The only place that adds the client axis. Clients run in chunks: a
 ``lax.scan`` over chunks of ``chunk`` clients, each chunk a ``vmap``. The
@@ -34,9 +34,9 @@ from flax import struct
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from fedjax_het.algorithm import Aggregator, ClientStats
-from fedjax_het.client_store import ClientStore
-from fedjax_het.local import NO_STEP_LIMIT, ClientTask
+from fedjax_het.engine.algorithm import Aggregator, ClientStats
+from fedjax_het.engine.client_store import ClientStore
+from fedjax_het.engine.local import NO_STEP_LIMIT, ClientTask
 from fedjax_het.typing import ClientState, PyTree, Update
 
 ClientFn = Callable[[ClientState, ClientTask], tuple[Update, ClientState, ClientStats]]

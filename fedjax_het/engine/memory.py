@@ -1,4 +1,4 @@
-"""Memory-aware chunking: the largest chunk of clients that fits the device (DESIGN.md §6).
+"""Memory-aware chunking: the largest chunk of clients that fits the device (docs/design.md §3).
 
 A round's device memory is, per run, what its chunk program holds plus the
 cohort's arrays, and once, the data store:
@@ -34,7 +34,7 @@ with one line, before the round's program is built or compiled.
 >>> from fedjax_het import models
 >>> from fedjax_het.algorithms import fedavg
 >>> from fedjax_het.data import LocalWork
->>> from fedjax_het.local import LocalSpec
+>>> from fedjax_het.engine.local import LocalSpec
 >>> model, algorithm, work = models.logistic_regression((5,), 3), fedavg(), LocalWork(batch_size=4)
 >>> spec = LocalSpec(model, algorithm, work, max_steps=2, max_count=8)
 >>> train = abstract_split(rows=64, example=(5,), num_clients=8)
@@ -52,15 +52,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.client_store import (
+from fedjax_het.engine.client_store import (
     StatePlan,
     available_memory,
     format_bytes,
     plan_client_state,
     tree_bytes,
 )
-from fedjax_het.cohort import auto_chunk, effective_chunk
-from fedjax_het.local import ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.engine.cohort import auto_chunk, effective_chunk
+from fedjax_het.engine.local import ClientTask, DeviceSplit, LocalSpec, local_update
 from fedjax_het.models import Model
 from fedjax_het.typing import Hyper
 

@@ -67,7 +67,7 @@ order (balanced or fixed), not in what a failure does to the model.
 .. warning:: Not modelled: the paper's per-round cap on a client's tasks and
    its minimum interval between two tasks of a client (here each member trains
    at most once per pass); the Gaussian noise of Algorithm 3, line 9 (use
-   ``fedjax_het.privacy`` for DP); the GAN phases 1-2. Each hand-over counts
+   ``fedjax_het.transforms.privacy`` for DP); the GAN phases 1-2. Each hand-over counts
    as the sender's upload plus the receiver's download.
 
 >>> import numpy as np
@@ -86,22 +86,22 @@ import numpy as np
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.algorithm import (
+from fedjax_het.data.batching import LocalWork
+from fedjax_het.data.federated import FederatedData
+from fedjax_het.engine.algorithm import (
     FederatedAlgorithm,
     delta_update,
     start_from_broadcast,
     weighted_mean,
 )
-from fedjax_het.data.batching import LocalWork
-from fedjax_het.data.federated import FederatedData
-from fedjax_het.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
-from fedjax_het.metrics import evaluate
+from fedjax_het.engine.local import NO_STEP_LIMIT, ClientTask, DeviceSplit, LocalSpec, local_update
+from fedjax_het.engine.round import device_split, server_stream
 from fedjax_het.models import Model
-from fedjax_het.online import payload_bytes
-from fedjax_het.round import device_split, server_stream
 from fedjax_het.system import availability as avail
 from fedjax_het.system.profiles import ClientProfiles, transfer_time, uniform_profiles, validate
 from fedjax_het.system.schedule import DROPPED, EMPTY, LATE, OK, UNAVAILABLE
+from fedjax_het.training.metrics import evaluate
+from fedjax_het.training.online import payload_bytes
 from fedjax_het.typing import Hyper, Params, PRNGKey, ServerState
 
 # ---- grouping --------------------------------------------------------------------------

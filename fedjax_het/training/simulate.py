@@ -1,6 +1,6 @@
-"""The run loop (DESIGN.md §8).
+"""The run loop (docs/design.md §3).
 
-A round (``fedjax_het.round``) is one jitted program: select the cohort,
+A round (``fedjax_het.engine.round``) is one jitted program: select the cohort,
 train it (chunked ``vmap``), aggregate, update the server. Rounds run as
 ``lax.scan`` blocks of ``eval_every`` rounds; between blocks the host
 evaluates, logs, draws the progress bar and writes results.
@@ -21,24 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_het import (
-    checkpoint,
-    client_store,
-    compilation,
-    distributed,
-    interrupt,
-    memory,
-    online,
-    results,
-    rng,
-)
-from fedjax_het.algorithm import FederatedAlgorithm
-from fedjax_het.cohort import client_mesh
+from fedjax_het import results, rng
 from fedjax_het.data import diagnostics
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.divergence import NONFINITE, Diverged, Divergence, first_divergence
-from fedjax_het.local import (
+from fedjax_het.engine import client_store, memory
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.cohort import client_mesh
+from fedjax_het.engine.local import (
     NO_STEP_LIMIT,
     DeviceSplit,
     LocalSpec,
@@ -46,7 +36,18 @@ from fedjax_het.local import (
     planned_steps,
     run_model,
 )
-from fedjax_het.metrics import (
+from fedjax_het.engine.round import Round, RunState, device_split, init_state
+from fedjax_het.models import Model
+from fedjax_het.system import events as event_schedule
+from fedjax_het.system import schedule as scheduling
+from fedjax_het.system.availability import ALWAYS
+from fedjax_het.system.policy import num_selected
+from fedjax_het.system.sampler import LearnedSelect, Sampler
+from fedjax_het.system.schedule import Schedule
+from fedjax_het.system.setup import System
+from fedjax_het.training import checkpoint, compilation, distributed, interrupt, online
+from fedjax_het.training.divergence import NONFINITE, Diverged, Divergence, first_divergence
+from fedjax_het.training.metrics import (
     EventAccounting,
     ScheduleAccounting,
     client_accuracy_summary,
@@ -56,15 +57,6 @@ from fedjax_het.metrics import (
     schedule_accounting,
     time_to_accuracy,
 )
-from fedjax_het.models import Model
-from fedjax_het.round import Round, RunState, device_split, init_state
-from fedjax_het.sampler import LearnedSelect, Sampler
-from fedjax_het.system import events as event_schedule
-from fedjax_het.system import schedule as scheduling
-from fedjax_het.system.availability import ALWAYS
-from fedjax_het.system.policy import num_selected
-from fedjax_het.system.schedule import Schedule
-from fedjax_het.system.setup import System
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
 
@@ -122,7 +114,7 @@ def plan_run(
     system: System, data: FederatedData, spec: LocalSpec, sampler: Sampler, *, rounds: int,
     key: PRNGKey,
 ) -> Schedule:
-    """The schedule of a whole run, before any training (DESIGN.md §7).
+    """The schedule of a whole run, before any training (docs/design.md §5).
 
     Payload: every parameter, as stored, both ways (no compression or freezing).
     Selection: the run's sampler, as without a system, when every client is
@@ -725,7 +717,7 @@ def run(
         ``sampling.power_of_choice``), given the server's per-client record. It,
         and an algorithm with ``freezing`` (FreezeFL), need a ``system``; the
         schedule is then computed round by round inside the training loop
-        (``fedjax_het.online``) instead of before it.
+        (``fedjax_het.training.online``) instead of before it.
       targets: test accuracies whose first round, virtual time and wall time
         the summary reports (``to_accuracy``).
       client_state: where an algorithm's per-client states live: "device",
@@ -745,11 +737,11 @@ def run(
       nonfinite: "stop": a round whose training loss, or a client's update, is not
         finite (or a global model whose test loss is not) ends the run after its
         block: the results so far are written, ``summary["status"]`` is "diverged"
-        and :class:`~fedjax_het.divergence.Diverged` is raised (its ``history`` holds
+        and :class:`~fedjax_het.training.divergence.Diverged` is raised (its ``history`` holds
         them). "drop": non-finite client updates enter at weight 0 and are counted
         (``nonfinite_updates``); a non-finite loss or model still stops the run.
       checkpoint_every: with ``out_dir``, write ``out_dir/checkpoint.npz``
-        (``fedjax_het.checkpoint``) at the first evaluation at or past every multiple
+        (``fedjax_het.training.checkpoint``) at the first evaluation at or past every multiple
         of this many rounds (0: only at the end and on an interrupt).
       resume: continue the run in ``out_dir`` from its checkpoint: the results are bit
         for bit those of the uninterrupted run (wall times aside). Refused
@@ -763,7 +755,7 @@ def run(
         of ``max_staleness + 1`` recent models). The metrics add applied, discarded and
         dropped updates, concurrency and staleness (``metrics.EventAccounting``).
       matmul_precision: "highest", "high" or "default": ``jax.default_matmul_precision``
-        while the run traces its programs (``fedjax_het.compilation``; on CPU all three
+        while the run traces its programs (``fedjax_het.training.compilation``; on CPU all three
         are the same arithmetic, on GPU "default" is TF32 and "high" bf16x3).
       compile_cache: keep compiled programs in the persistent compilation cache
         (``compilation.cache_dir()``), so that the next process running the same config

@@ -1,4 +1,4 @@
-"""Several hosts as one run, through JAX's own distributed runtime (DESIGN.md §6).
+"""Several hosts as one run, through JAX's own distributed runtime (docs/design.md §3).
 
 Every process runs the same program on the same config: it builds the same
 data (everything is seeded), and after ``jax.distributed.initialize`` the

@@ -1,4 +1,4 @@
-"""One round of federated training as a pure function (DESIGN.md §8).
+"""One round of federated training as a pure function (docs/design.md §3).
 
 ``Round.step`` selects the cohort (or reads it from a schedule row), trains
 it as a chunked ``vmap`` (``cohort.run_cohort``), aggregates and updates the
@@ -21,11 +21,11 @@ from flax import struct
 from jax.sharding import Mesh
 
 from fedjax_het import rng
-from fedjax_het.algorithm import ClientStats, FederatedAlgorithm
-from fedjax_het.client_store import ON_DEVICE, ClientStore, DeviceStore
-from fedjax_het.cohort import StateTable, counted_slots, run_cohort
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.local import (
+from fedjax_het.engine.algorithm import ClientStats, FederatedAlgorithm
+from fedjax_het.engine.client_store import ON_DEVICE, ClientStore, DeviceStore
+from fedjax_het.engine.cohort import StateTable, counted_slots, run_cohort
+from fedjax_het.engine.local import (
     NO_STEP_LIMIT,
     ClientTask,
     DeviceSplit,
@@ -34,7 +34,7 @@ from fedjax_het.local import (
     planned_steps,
 )
 from fedjax_het.models import Model
-from fedjax_het.sampler import Sampler
+from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import OK, Schedule
 from fedjax_het.typing import ClientState, Hyper, PRNGKey, PyTree, ServerState
 

@@ -10,7 +10,7 @@ passed through untouched. Decoded leaves keep their input dtype.
 Bits are counted per tensor from the encoding, not from the decoded array:
 a tensor of ``d`` elements starts as ``Payload(d, value_bits)``, with
 ``value_bits`` its float width capped at 32 (float64 runs model the float32
-deployment; ``fedjax_het.online`` counts uncompressed payloads this way too), and each compressor
+deployment; ``fedjax_het.training.online`` counts uncompressed payloads this way too), and each compressor
 maps that payload to the one it sends. In a ``chain`` each stage re-encodes
 the values the previous stage sends and keeps its side information (indices,
 norms, seeds): ``chain(top_k(f), cast("float16"))`` sends ``k`` 16-bit values
@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_het.algorithm import (
+from fedjax_het.engine.algorithm import (
     Aggregator,
     ClientStats,
     FederatedAlgorithm,

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.algorithm import (
+from fedjax_het.engine.algorithm import (
     NON_NEGATIVE,
     POSITIVE,
     UNIT,
@@ -49,7 +49,7 @@ from fedjax_het.algorithm import (
     LocalContext,
     require_model_delta,
 )
-from fedjax_het.compression import at_least_float32, pairwise_sum
+from fedjax_het.transforms.compression import at_least_float32, pairwise_sum
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree, ServerState, Update
 
 ORDERS = tuple(range(2, 257))  # integer Rényi orders: exact for both sampling events

@@ -1,4 +1,4 @@
-"""Where the clients' persistent states live between rounds, and how that is chosen (DESIGN.md §5).
+"""Where the clients' persistent states live between rounds, and how that is chosen (docs/design.md §8).
 
 An algorithm with memory (SCAFFOLD's control variates, Ditto's personal
 models, FedPer's heads) keeps one state per client, ``[num_clients, ...]``
@@ -57,7 +57,7 @@ from flax import struct
 from jax.experimental import io_callback, multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, PyTree
 

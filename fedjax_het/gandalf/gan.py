@@ -68,7 +68,7 @@ from jax import lax
 
 from fedjax_het import rng
 from fedjax_het.data.federated import ClientArrays
-from fedjax_het.rebalance import Generator
+from fedjax_het.gandalf.rebalance import Generator
 from fedjax_het.typing import Params, PRNGKey
 
 _OUTPUTS: dict[str, Callable[[jax.Array], jax.Array]] = {

@@ -1,4 +1,4 @@
-"""The interface every federated algorithm implements (DESIGN.md §5); its one home.
+"""The interface every federated algorithm implements (docs/design.md §8); its one home.
 
 An algorithm is a frozen dataclass of pure functions built by a factory that
 takes its structural options (optax's ``GradientTransformation`` pattern).
@@ -22,7 +22,7 @@ One round, for the clients of a cohort::
 ``client_state_k`` is kept only when the client's update counted (weight >
 0): a client that failed, was late or was not selected keeps its state.
 Client states are stored ``[num_clients, ...]`` on the device or on the host
-(``fedjax_het.client_store``); only the cohort's rows enter a round.
+(``fedjax_het.engine.client_store``); only the cohort's rows enter a round.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Aggregator:
     """A named rule for combining client updates, as a sum over clients then a finish.
 
     Summing lets the cohort run in chunks with a running sum as the only
-    carry (DESIGN.md §6): memory is ``chunk x params``, not ``cohort x params``.
+    carry (docs/design.md §3): memory is ``chunk x params``, not ``cohort x params``.
 
     Attributes:
       contribute: ``(update, weight, stats) -> pytree`` one client's share of the
@@ -238,7 +238,7 @@ class Freezing:
     Each selected client first trains ``ceil(probe_share * steps)`` of its
     local steps with every parameter, then picks a freeze *depth* ``d`` (its first ``d`` layers stop
     training and are not uploaded) from what the probe changed and what each
-    depth would cost. The engine (``fedjax_het.online``) runs the probe,
+    depth would cost. The engine (``fedjax_het.training.online``) runs the probe,
     prices every depth with the client's profile, schedules the round with
     each client's upload bytes, and trains with the chosen mask from the end
     of its probe on.

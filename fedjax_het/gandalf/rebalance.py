@@ -6,7 +6,7 @@ Learning on Non-IID Data" (GANDALF; notes: dace-gandalf-freezefl §B.1, paper
 
 1. :func:`label_groups`: K-Means on the clients' class distributions into
    ``M_g`` groups (Algorithm 2); each group trains one GAN
-   (``fedjax_het.gan.train_sequential``), whose class mix is the group's
+   (``fedjax_het.gandalf.gan.train_sequential``), whose class mix is the group's
    pooled label mix (:func:`group_mix`; the paper assumes a GAN generates its
    training data's class distribution).
 2. :func:`augmentation_counts`: for client ``k`` with class counts ``n``,

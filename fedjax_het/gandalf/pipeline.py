@@ -53,14 +53,16 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_het import gan as gan_lib
-from fedjax_het import metrics, rebalance, rng
-from fedjax_het.algorithm import FederatedAlgorithm
+from fedjax_het import rng
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.mediator import Groups, MediatorHistory, kl_groups, run_mediator
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.gandalf import gan as gan_lib
+from fedjax_het.gandalf import rebalance
+from fedjax_het.gandalf.mediator import Groups, MediatorHistory, kl_groups, run_mediator
 from fedjax_het.models import Model
 from fedjax_het.system.profiles import ClientProfiles
+from fedjax_het.training import metrics
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The interfaces of client selection; implementations live in ``fedjax_het.sampling``.
 
-Two kinds, one home (as ``fedjax_het.algorithm`` is the home of the algorithm
+Two kinds, one home (as ``fedjax_het.engine.algorithm`` is the home of the algorithm
 interface, and ``algorithms/`` of the algorithms): the engine calls these
 types and never imports ``fedjax_het.sampling``, which imports the engine.
 
@@ -8,7 +8,7 @@ types and never imports ``fedjax_het.sampling``, which imports the engine.
   cohorts (and schedule) can be computed before training;
 * a :data:`LearnedSelect` also reads the server's :class:`ClientRecord` of
   what clients did in earlier rounds (power-of-choice), and runs inside the
-  training loop (``fedjax_het.online``);
+  training loop (``fedjax_het.training.online``);
 * a :class:`LearnedSelection` is a learned selection with its own state (Oort's
   pacer, HDFL's underestimation index), the clients' :class:`ClientReport` of
   their profiles, and measurements it asks the engine for: a profile of the

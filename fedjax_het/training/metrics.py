@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_het.data.diagnostics import gini
-from fedjax_het.local import DeviceSplit
+from fedjax_het.engine.local import DeviceSplit
 from fedjax_het.models import Model
 from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.typing import Params

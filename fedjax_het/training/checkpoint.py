@@ -42,8 +42,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedjax_het import distributed, results
-from fedjax_het.client_store import _host_copy
+from fedjax_het import results
+from fedjax_het.engine.client_store import _host_copy
+from fedjax_het.training import distributed
 from fedjax_het.typing import PyTree
 
 FILE = "checkpoint.npz"
