@@ -12,7 +12,9 @@ FedBuff (Nguyen et al. 2022, §5) weighs each buffered update by
 ``1 / sqrt(1 + tau)``, the polynomial with ``a = 1/2``.
 
 The shape of ``s`` (its kind, ``a`` and ``b``) is static: changing it
-recompiles; the learning rates around it are traced.
+recompiles; the learning rates around it are traced. ``s`` computes in the
+floating dtype of ``tau`` (float32 for integer ``tau``); the aggregator passes
+``tau`` in the dtype of the updates, so a float64 run weighs in float64.
 
 >>> import jax.numpy as jnp
 >>> staleness_fn("hinge", a=10.0, b=4.0)(jnp.arange(7)).round(4).tolist()
@@ -44,10 +46,19 @@ def staleness_fn(kind: str, *, a: float = 0.5, b: float = 4.0) -> StalenessFn:
     if not (np.isfinite(b) and b >= 0):
         raise ValueError(f"staleness b must be a finite number >= 0, got {b}")
     if kind == "constant":
-        return lambda tau: jnp.ones(jnp.shape(tau), jnp.float32)
+        return lambda tau: jnp.ones_like(_floating(tau))
     if kind == "polynomial":
-        return lambda tau: (jnp.asarray(tau, jnp.float32) + 1.0) ** -a
-    return lambda tau: jnp.where(tau <= b, 1.0, 1.0 / (a * (jnp.asarray(tau, jnp.float32) - b) + 1.0))
+        return lambda tau: (_floating(tau) + 1.0) ** -a
+    return lambda tau: _hinge(_floating(tau), a, b)
+
+
+def _floating(tau: jax.Array) -> jax.Array:
+    tau = jnp.asarray(tau)
+    return tau if jnp.issubdtype(tau.dtype, jnp.floating) else tau.astype(jnp.float32)
+
+
+def _hinge(tau: jax.Array, a: float, b: float) -> jax.Array:
+    return jnp.where(tau <= b, jnp.ones_like(tau), 1.0 / (a * (tau - b) + 1.0))
 
 
 def staleness_weighted_mean(weight: StalenessFn) -> Aggregator:
@@ -61,7 +72,8 @@ def staleness_weighted_mean(weight: StalenessFn) -> Aggregator:
 
     def contribute(update: Update, w: jax.Array, stats: ClientStats) -> PyTree:
         tau = jnp.zeros((), jnp.int32) if stats.staleness is None else stats.staleness
-        scaled = w * weight(tau)
+        dtype = jnp.result_type(*jax.tree.leaves(update))  # the run's: float64 in a float64 run
+        scaled = w.astype(dtype) * weight(tau.astype(dtype))
         scaled_updates = jax.tree.map(lambda u: weighted_or_zero(scaled, u), update)
         return scaled_updates, weighted_or_zero(w, jnp.float32(1))
 

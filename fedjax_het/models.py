@@ -2,7 +2,8 @@
 
 A :class:`Model` is ``init(key) -> params``, ``apply(params, x, *, train, key)
 -> outputs`` and a per-example loss; ``loss(outputs, y, mask)`` is its masked
-mean. :func:`from_linen` turns any Flax linen module into one.
+mean. :func:`from_linen` turns any Flax linen module into one, :func:`from_nnx` any
+Flax NNX module (or a function that builds one from its ``rngs``).
 
 The zoo holds the models the papers use: logistic regression, the MLP of the
 throughput workload W1 and the LEAF FEMNIST CNN (Caldas et al. 2018, "LEAF: A
@@ -23,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 from jax import lax
 
 from fedjax_het.typing import Mask, Params, PRNGKey
@@ -90,6 +92,59 @@ def from_linen(
         return module.apply({"params": params}, x, rngs=rngs, **call_kwargs(train))
 
     return Model(init, apply, per_example_loss, name or type(module).__name__)
+
+
+def from_nnx(
+    module: nnx.Module | Callable[[nnx.Rngs], nnx.Module],
+    *,
+    per_example_loss: Callable[[jax.Array, jax.Array], jax.Array] = softmax_cross_entropy,
+    name: str | None = None,
+) -> Model:
+    """Adapts a Flax NNX module whose ``__call__(x)`` maps a batch to outputs.
+
+    ``module`` is either a function of ``rngs`` that builds the module (``lambda rngs:
+    MLP(784, 10, rngs=rngs)``): then ``init(key)`` builds it from ``nnx.Rngs(key)``, so each
+    run's seed draws its own initial weights; or a built module: then every run starts from
+    its weights, whatever the seed (fine-tuning from given weights). Only ``nnx.Param``
+    variables are trained. Random streams (``nnx.Dropout``) are reseeded from the round's key
+    in training and switched off (``eval()``) otherwise; a module that keeps other state
+    (BatchNorm's ``BatchStat``) needs client state and is refused.
+
+    >>> model = from_nnx(lambda rngs: nnx.Linear(4, 3, rngs=rngs))
+    >>> params = model.init(jax.random.key(0))
+    >>> model.apply(params, jnp.ones((2, 4)), train=False, key=None).shape
+    (2, 3)
+    """
+    built = module if isinstance(module, nnx.Module) else module(nnx.Rngs(0))
+    graph, params, rest = nnx.split(built, nnx.Param, ...)
+    variables = jax.tree.leaves(rest, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    kept = sorted({type(v).__name__ for v in variables if not isinstance(v, nnx.RngState)})
+    if kept:
+        raise ValueError(
+            f"from_nnx: {type(built).__name__} keeps {', '.join(kept)} variables besides its "
+            "params (BatchNorm statistics, say), which need client state; use a module "
+            "without them (LayerNorm, GroupNorm)"
+        )
+    streams = sorted({v.tag for v in variables if isinstance(v, nnx.RngKey)})
+
+    def init(key: PRNGKey) -> Params:
+        if isinstance(module, nnx.Module):
+            return nnx.to_pure_dict(params)
+        return nnx.to_pure_dict(nnx.split(module(nnx.Rngs(key)), nnx.Param, ...)[1])
+
+    def apply(values: Params, x: jax.Array, *, train: bool, key: PRNGKey | None) -> jax.Array:
+        # Fresh copies of the variables in this trace, so the module may be reseeded here.
+        state = jax.tree.map(lambda v: v, params)
+        nnx.replace_by_pure_dict(state, values)
+        live = nnx.merge(graph, state, jax.tree.map(lambda v: v, rest))
+        if train and key is not None:
+            live.train()
+            nnx.reseed(live, **{stream: key for stream in streams})
+        else:
+            live.eval()
+        return live(x)
+
+    return Model(init, apply, per_example_loss, name or type(built).__name__)
 
 
 class _LogisticRegression(nn.Module):

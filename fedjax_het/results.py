@@ -7,12 +7,17 @@ Layout of ``out_dir``::
     summary.json     final figures and timings
     arrays.npz       per-round and per-client arrays
     curves.png       test accuracy and losses against rounds
+
+``load(out_dir)`` reads one back as a :class:`RunRecord` (``fedjax_het.compare`` compares
+several).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -239,3 +244,61 @@ def environment() -> dict[str, Any]:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """One run directory, read back.
+
+    Attributes:
+      path: the directory.
+      config: its resolved ``config.toml`` (empty when it has none).
+      metrics: ``metrics.jsonl``, one dict per evaluation (non-finite values are None).
+      summary: ``summary.json``; None while the run has not finished (or was killed).
+    """
+
+    path: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+    @property
+    def status(self) -> str:
+        """``summary.json``'s status ("completed", "interrupted", ...), or "unfinished"."""
+        return "unfinished" if self.summary is None else str(self.summary.get("status", "?"))
+
+    def series(self, key: str) -> np.ndarray:
+        """``key`` of every evaluation that has it, as float64 (None: NaN)."""
+        values = [m[key] for m in self.metrics if key in m]
+        return np.asarray([np.nan if v is None else v for v in values], np.float64)
+
+
+def load(out_dir: str | Path) -> RunRecord:
+    """Reads a run directory (``fedjax-het run --out``, or one ``cell-NNN`` of a sweep).
+
+    Raises:
+      FileNotFoundError: (one line) the directory has no ``metrics.jsonl``.
+      ValueError: (one line) a file that is not what the run writes.
+    """
+    path = Path(out_dir)
+    if not (path / "metrics.jsonl").is_file():
+        raise FileNotFoundError(f"{path} is not a run directory: it has no metrics.jsonl")
+    metrics = [_json(path / "metrics.jsonl", line) for line in _lines(path / "metrics.jsonl")]
+    summary_path, config_path = path / "summary.json", path / "config.toml"
+    summary = _json(summary_path, summary_path.read_text()) if summary_path.is_file() else None
+    try:
+        config = tomllib.loads(config_path.read_text()) if config_path.is_file() else {}
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{config_path}: not a config the run wrote ({err})") from None
+    return RunRecord(path, config, metrics, summary)
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def _json(path: Path, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON the run wrote ({err})") from None

@@ -195,8 +195,8 @@ def event_rows() -> events.EventSchedule:
 
 
 @functools.cache
-def stale_round(algorithm, chunk) -> Round:
-    base = reference.make_round(algorithm, chunk=chunk)
+def stale_round(algorithm, chunk, precision="float32") -> Round:
+    base = reference.make_round(algorithm, chunk=chunk, precision=precision)
     return Round(base.model, algorithm, base.sampler, base.spec, chunk=chunk, weighting="uniform",
                  ring_depth=DEPTH)
 
@@ -215,11 +215,11 @@ def start_state(algorithm, model, hyper, key):
     return init_state(model, algorithm, reference.N, hyper, key, ring_depth=DEPTH)
 
 
-def run_engine(algorithm, hyper, chunk=2):
+def run_engine(algorithm, hyper, chunk=2, precision="float32"):
     key = jax.random.key(5)
-    round_ = stale_round(algorithm, chunk)
+    round_ = stale_round(algorithm, chunk, precision)
     train = device_split(reference.make_store())
-    hyper = algorithm.hyper(hyper)
+    hyper = algorithm.hyper(hyper, dtype=local.hyper_dtype(precision))
     state = start_state(algorithm, round_.model, hyper, key)
     x0 = reference.as64(algorithm.global_params(state.server_state))
     models = []
@@ -264,14 +264,20 @@ def reference_run(round_, train, x0, weight, base, mix):
     return out
 
 
-def test_fedbuff_on_stale_versions_matches_float64_reference():
+def check_fedbuff(precision="float32", **tolerance):
+    """FedBuff's engine on the hand-built stale events against the float64 reference."""
     algorithm = fedbuff(client_lr=reference.CLIENT_LR)
-    round_, train, x0, models, metrics = run_engine(algorithm, {"server_lr": 0.8})
+    round_, train, x0, models, metrics = run_engine(algorithm, {"server_lr": 0.8}, 2, precision)
     s = lambda tau: 1 / math.sqrt(1 + tau)
     want = reference_run(round_, train, x0, s, "start",
                          lambda x, d: jax.tree.map(lambda a, b: a - 0.8 * b, x, d))
-    for e, (got, expected) in enumerate(zip(models, want)):
-        reference.tree_close(got, expected)
+    for got, expected in zip(models, want, strict=True):
+        reference.tree_close(got, expected, **tolerance)
+    return metrics
+
+
+def test_fedbuff_on_stale_versions_matches_float64_reference():
+    metrics = check_fedbuff()
     # the last event: versions 2 and 3 at event 3, and an empty slot
     assert (float(metrics["staleness_max"]), float(metrics["staleness_mean"])) == (1.0, 0.5)
     assert int(metrics["participants"]) == 2

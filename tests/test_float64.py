@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_async as stale
 import test_scaffold_feddyn as reference
 
 import fedjax_het
@@ -133,3 +134,13 @@ def test_the_reference_check_can_fail_in_float64(x64):
     """The same check at float32 precision misses 1e-12: the tolerance above means something."""
     with pytest.raises(AssertionError):
         reference.check_scaffold(precision="float32", rtol=1e-12, atol=1e-13)
+
+
+def test_stale_updates_match_the_float64_reference_to_1e_12(x64):
+    """FedBuff's staleness weights computed in the run's dtype: float64 events to 1e-12."""
+    stale.check_fedbuff(precision="float64", rtol=1e-12, atol=1e-13)
+
+
+def test_the_stale_reference_check_can_fail_in_float64(x64):
+    with pytest.raises(AssertionError):
+        stale.check_fedbuff(precision="float32", rtol=1e-12, atol=1e-13)
