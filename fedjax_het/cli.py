@@ -8,6 +8,8 @@
     fedjax-het config [CONFIG.toml] [--set key=value ...]
     fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR]
     fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR]
+    fedjax-het compare RUN_DIR... [--x round|virtual_hours|bytes|wall_s] [--metric KEY]
+                       [--target VALUE] [--out PLOT.png] [--overwrite]
 
 With no config file the default experiment runs (``fedjax_het.config.DEFAULTS``).
 A config error stops the command with one line naming the key (and, for a
@@ -27,6 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedjax_het import compare as compare_lib
 from fedjax_het import config as config_lib
 from fedjax_het import results
 from fedjax_het.results import NotWritten, OutDirError
@@ -132,11 +135,31 @@ def parser() -> argparse.ArgumentParser:
                           help="rounds of the R-metric runs (paper: 3000)")
     describe.add_argument("--mc-trips", type=int, default=10_000,
                           help="client trips of the T-metric runs (paper: 10,000)")
+
+    compare = commands.add_parser(
+        "compare", help="compare run directories: one plot of their curves and a table",
+        description="Read run directories (a sweep's directory stands for its cell-NNN runs); "
+        "runs whose configs differ only in seed form one group, drawn as mean and min-max band. "
+        "Print a Markdown table (final and best accuracy, rounds, virtual hours and MB to the "
+        "--target, virtual hours and MB in all, participation Gini) and save the plot.",
+    )
+    compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run or sweep directories")
+    compare.add_argument("--x", choices=tuple(compare_lib.X_AXES), default="round",
+                         help="the x axis (default: round)")
+    compare.add_argument("--metric", default="test_accuracy",
+                         help="the metrics.jsonl key to plot and tabulate (default: test_accuracy)")
+    compare.add_argument("--target", type=float, help="a target value of the metric")
+    compare.add_argument("--out", default="compare.png",
+                         help="the plot's path (default: compare.png); the table goes beside "
+                         "it as .md; existing files are kept unless --overwrite")
+    compare.add_argument("--overwrite", action="store_true", help="replace existing files")
     return main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "compare":
+        return _compare(args)
     try:
         if args.command == "sweep":
             return _sweep(args)
@@ -169,6 +192,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _describe_system(experiment, args)
     except OSError as err:
         return _error(f"cannot write the report to {args.out}: {err.strerror or err}")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    figure = Path(args.out)
+    markdown = figure.with_suffix(".md")
+    taken = [str(p) for p in (figure, markdown) if p.exists()]
+    if taken and not args.overwrite:
+        return _error(f"{' and '.join(taken)} already exist; choose another --out or --overwrite")
+    try:
+        comparison = compare_lib.compare(
+            args.runs, x=args.x, metric=args.metric, target=args.target, figure=figure
+        )
+        markdown.write_text(comparison.table + "\n")
+    except (ValueError, FileNotFoundError) as err:
+        return _error(err)
+    except OSError as err:
+        return _error(f"cannot write {figure}: {err.strerror or err}")
+    print(comparison.table)
+    print(f"plot: {figure}; table: {markdown}")
+    return 0
 
 
 def _stored_config(directory: str, name: str) -> str:
