@@ -11,7 +11,7 @@ Learning on Non-IID Data" (GANDALF; notes: dace-gandalf-freezefl §B.1).
    (``B = tau pinv(A) H`` over each client's ``J`` GANs, static top-up capped at
    ``static_cap`` times the source rows, §4.2) -> ``rebalance.augment`` (the
    synthetic rows join each client's rows in the flat store);
-2. ``mediator.kl_groups`` (greedy KL grouping into ``M_c`` mediators,
+2. ``grouping.kl_groups`` (greedy KL grouping into ``M_c`` mediators,
    Algorithm 4) on the class counts of the (augmented) training data;
 3. ``mediator.run_mediator`` (Algorithm 3 with the fault tolerance of §3.4):
    ``E_m`` passes per round, ``T_R`` maximum wait, heartbeat and rollback.
@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,9 @@ from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.gandalf import gan as gan_lib
-from fedjax_het.gandalf import rebalance
-from fedjax_het.gandalf.mediator import Groups, MediatorHistory, kl_groups, run_mediator
+from fedjax_het.gandalf import rebalance, wgan
+from fedjax_het.gandalf.grouping import Groups, kl_groups
+from fedjax_het.gandalf.mediator import MediatorHistory, run_mediator
 from fedjax_het.models import Model
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.training import metrics
@@ -182,7 +183,7 @@ def gandalf_data(data: FederatedData, options: GandalfOptions, *, seed: int) -> 
         raise ValueError("gan=True needs a client with >= 2 training examples to train a GAN on")
     groups = rebalance.label_groups(counts, options.gan_groups, seed)
     features = int(np.prod(data.example_shape, dtype=np.int64))
-    network = gan_lib.wgan_gp(
+    network = wgan.wgan_gp(
         features,
         data.num_classes,
         hidden=options.gan_hidden,
@@ -271,27 +272,10 @@ def run_gandalf(
         options and ``seed`` (reused across runs that differ only in timing); only with ``gan``.
       progress: print one line per phase.
     """
-    if any(not 0 < t <= 1 for t in targets):
-        raise ValueError(f"targets must be accuracies in (0, 1], got {list(targets)}")
-    if augmented is not None and not options.gan:
-        raise ValueError("augmented data was given but options.gan is False")
-    if options.num_mediators is not None and options.num_mediators > data.num_clients:
-        raise ValueError(
-            f"num_mediators (M_c={options.num_mediators}) exceeds the {data.num_clients} clients"
-        )
-    if options.group_size is not None and options.group_size > data.num_clients:
-        raise ValueError(f"group_size={options.group_size} exceeds the {data.num_clients} clients")
+    _check_run(data, options, targets=targets, augmented=augmented)
     say = print if progress else (lambda *_: None)
     began = time.perf_counter()
-    if options.gan:
-        augmented = gandalf_data(data, options, seed=seed) if augmented is None else augmented
-        if augmented.data.num_clients != data.num_clients:
-            raise ValueError("augmented data has another number of clients than data")
-        data, origin = augmented.data, augmented.origin
-        say(f"gandalf: {int(augmented.synthetic.sum())} synthetic rows added "
-            f"({time.perf_counter() - began:.1f} s)")  # fmt: skip
-    else:
-        origin = np.full(data.train.y.shape[0], rebalance.REAL, np.int8)
+    data, origin = _training_data(data, options, augmented, seed=seed, say=say, began=began)
     gan_seconds = time.perf_counter() - began
     groups = kl_groups(
         rebalance.class_counts(data.train, data.num_classes),
@@ -327,8 +311,72 @@ def run_gandalf(
     ]
     reached = {float(t): time_to_accuracy(evaluations, t) for t in targets}
     metrics = history.round_metrics
+    summary = _summary(
+        evaluations, metrics, origin, rounds=rounds, gan_s=gan_seconds, train_s=train_seconds
+    )
+    say(f"gandalf: {rounds} rounds, best accuracy {summary['best_accuracy']:.4f}, "
+        f"{summary['total_virtual_s']:.0f} virtual s ({train_seconds:.1f} s)")  # fmt: skip
+    return GandalfResult(evaluations, metrics, reached, summary, groups, history, origin)
+
+
+def _check_run(
+    data: FederatedData,
+    options: GandalfOptions,
+    *,
+    targets: Sequence[float],
+    augmented: rebalance.Augmented | None,
+) -> None:
+    """``run_gandalf``'s inputs that ``gandalf_options`` cannot check alone, each a one-line
+    ``ValueError``."""
+    if any(not 0 < t <= 1 for t in targets):
+        raise ValueError(f"targets must be accuracies in (0, 1], got {list(targets)}")
+    if augmented is not None and not options.gan:
+        raise ValueError("augmented data was given but options.gan is False")
+    if options.num_mediators is not None and options.num_mediators > data.num_clients:
+        raise ValueError(
+            f"num_mediators (M_c={options.num_mediators}) exceeds the {data.num_clients} clients"
+        )
+    if options.group_size is not None and options.group_size > data.num_clients:
+        raise ValueError(f"group_size={options.group_size} exceeds the {data.num_clients} clients")
+
+
+def _training_data(
+    data: FederatedData,
+    options: GandalfOptions,
+    augmented: rebalance.Augmented | None,
+    *,
+    seed: int,
+    say: Callable[[str], object],
+    began: float,
+) -> tuple[FederatedData, np.ndarray]:
+    """The data the mediators train on and the origin of each of its training rows: with
+    ``options.gan`` the augmented data (phases 1-2, or ``augmented`` when given), else ``data``
+    with every row real."""
+    if options.gan:
+        augmented = gandalf_data(data, options, seed=seed) if augmented is None else augmented
+        if augmented.data.num_clients != data.num_clients:
+            raise ValueError("augmented data has another number of clients than data")
+        data, origin = augmented.data, augmented.origin
+        say(f"gandalf: {int(augmented.synthetic.sum())} synthetic rows added "
+            f"({time.perf_counter() - began:.1f} s)")  # fmt: skip
+    else:
+        origin = np.full(data.train.y.shape[0], rebalance.REAL, np.int8)
+    return data, origin
+
+
+def _summary(
+    evaluations: Sequence[dict[str, float]],
+    metrics: dict[str, np.ndarray],
+    origin: np.ndarray,
+    *,
+    rounds: int,
+    gan_s: float,
+    train_s: float,
+) -> dict[str, float]:
+    """``GandalfResult.summary`` of a run; ``gan_s``, ``train_s``: wall seconds of phases 1-2
+    and of training."""
     accuracies = [ev["test_accuracy"] for ev in evaluations]
-    summary = {
+    return {
         "best_accuracy": max(accuracies),
         "final_accuracy": accuracies[-1],
         "rounds": rounds,
@@ -336,12 +384,9 @@ def run_gandalf(
         "total_virtual_s": float(np.sum(metrics["duration"])),
         "failure_rate": float(np.sum(metrics["failures"]) / max(np.sum(metrics["requests"]), 1)),
         "synthetic_rows": int(np.sum(origin != rebalance.REAL)),
-        "gan_wall_s": gan_seconds,
-        "train_wall_s": train_seconds,
+        "gan_wall_s": gan_s,
+        "train_wall_s": train_s,
     }
-    say(f"gandalf: {rounds} rounds, best accuracy {summary['best_accuracy']:.4f}, "
-        f"{summary['total_virtual_s']:.0f} virtual s ({train_seconds:.1f} s)")  # fmt: skip
-    return GandalfResult(evaluations, metrics, reached, summary, groups, history, origin)
 
 
 def time_to_accuracy(
@@ -358,8 +403,9 @@ MEDIATED = {"gandalf": True, "mediator": False}
 whether each trains the GANs first."""
 
 
-def write_run(result: GandalfResult, out_dir, config: dict[str, Any] | None, *,
-              overwrite: bool = False) -> Path:
+def write_run(
+    result: GandalfResult, out_dir, config: dict[str, Any] | None, *, overwrite: bool = False
+) -> Path:
     """A run directory for ``result``: ``config.toml``, ``metrics.jsonl`` (one line per
     evaluation), ``summary.json`` and ``curves.png`` (accuracy against virtual hours)."""
     from fedjax_het import results
