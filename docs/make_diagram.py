@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = tuple(
         (
             "entry",
             "front door",
-            "fedjax_het _moved cli config grid sweep",
+            "fedjax_het _moved cli compare config grid sweep",
             "gandalf training algorithms transforms sampling engine system data foundation",
         ),
         (
@@ -61,7 +61,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = tuple(
         ("sampling", "fedjax_het.sampling", "sampling", "system foundation"),
         ("system", "fedjax_het.system", "system", "data foundation"),
         ("data", "fedjax_het.data", "data", "foundation"),
-        ("foundation", "foundation", "typing rng registry models results", ""),
+        ("foundation", "foundation", "typing rng registry models results configuring model_schema", ""),
     )
 )
 GROUPS = tuple((layer, title, members) for layer, title, members, _ in LAYERS)
