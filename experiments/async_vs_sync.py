@@ -1,6 +1,6 @@
 """Asynchronous against synchronous FL on FLASH devices and traces, at one virtual-time budget.
 
-Issue 12, part 4: FedAvg with a deadline, FedAvg waiting for all, FedBuff, FedAsync, BiasPrompt+
+FedAvg with a deadline, FedAvg waiting for all, FedBuff, FedAsync, BiasPrompt+
 and TimelyFL on the same FLASH devices, links and availability traces, every method given the
 same virtual-time budget (FLHetBench notes §8 item 27: accuracy against virtual hours, not
 rounds). Default experiment (Fashion-MNIST subset, Dirichlet 0.5 over 100 clients, 784-200-200-10
@@ -24,7 +24,7 @@ Methods (notes §4.2-4.5, §5.1, §5.7, §5.8):
   later, ``policy.max_staleness``), "sum" gradient surgery, server momentum 0.9;
 * ``timelyfl``: the deadline rounds, each client freezing the fewest first layers that let it
   finish within the interval (= the deadline);
-* ``fedbuff_same_c`` (a control the issue does not list): FedBuff at the synchronous cohort's
+* ``fedbuff_same_c`` (an extra control): FedBuff at the synchronous cohort's
   concurrency (``--cohort``, K = half of it), to separate "no round barrier" from "more
   clients at work at once".
 
@@ -51,12 +51,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import jax
 import numpy as np
 
 from fedjax_het import algorithms, rng
 from fedjax_het import config as config_lib
-from fedjax_het import results as run_results
 from fedjax_het.algorithms import optimizers
 from fedjax_het.data.diagnostics import gini
 from fedjax_het.system import events, setup
@@ -64,7 +64,7 @@ from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.training import simulate
 from fedjax_het.training.metrics import OUTCOME_NAMES
 
-OUT = Path(__file__).parent / "results" / "async_vs_sync"
+OUT = common.RESULTS / "async_vs_sync"
 METHODS = (
     "fedavg_deadline",
     "fedavg_wait_all",
@@ -235,11 +235,9 @@ def run_method(method: str, seed: int, exp, args: argparse.Namespace) -> dict[st
 
 
 def main(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
+    path = common.out_dir(args.out) / "results.json"
     old = json.loads(path.read_text()) if args.resume and path.exists() else None
-    result = old or {"args": vars(args), "environment": run_results.environment(), "runs": []}
+    result = old or common.record(args, runs=[])
     done = {(r["method"], r["seed"]) for r in result["runs"]}
     exp = config_lib.build(config_lib.load(None, [f"sampler.clients_per_round={args.cohort}"]))
     start = time.perf_counter()
@@ -249,7 +247,7 @@ def main(args: argparse.Namespace) -> None:
                 continue
             row = run_method(method, seed, exp, args)
             result["runs"].append(row)
-            path.write_text(json.dumps(result, indent=1))
+            common.write_json(path, result)
             print(
                 f"[{time.perf_counter() - start:6.0f} s] seed {seed} {method:16s} "
                 f"rounds {row['rounds']:5d}  final {row['final_acc']:.3f}  "
@@ -258,24 +256,19 @@ def main(args: argparse.Namespace) -> None:
                 flush=True,
             )
     result["wall_s_total"] = round(result.get("wall_s_total", 0.0) + time.perf_counter() - start, 1)
-    path.write_text(json.dumps(result, indent=1))
-    report(out, args.target)
-
-
-def first_hit(run: dict[str, Any], target: float) -> dict[str, float] | None:
-    """The first evaluation of ``run`` at or above ``target``, None if none."""
-    return next((c for c in run["curve"] if c["acc"] >= target), None)
+    common.write_json(path, result)
+    report(path.parent, args.target)
 
 
 def spread(values: list[float], fmt: str = "{:.3f}") -> str:
     """``mean [min-max]`` of ``values``."""
-    return f"{fmt.format(np.mean(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+    return common.spread(common.mean_min_max(values), fmt)
 
 
 def to_target(runs: list[dict[str, Any]], target: float) -> list[str]:
     """Virtual hours, GB (up + down) and thousands of examples trained at the first evaluation
     reaching ``target``: mean [min-max] over the seeds that reached it."""
-    hits = [h for h in (first_hit(r, target) for r in runs) if h is not None]
+    hits = [h for h in (common.first_hit(r, target) for r in runs) if h is not None]
     if not hits:
         return ["not reached"] * 3
     part = "" if len(hits) == len(runs) else f" ({len(hits)}/{len(runs)} seeds)"
@@ -289,9 +282,7 @@ def to_target(runs: list[dict[str, Any]], target: float) -> list[str]:
 def report(out: Path, target: float) -> None:
     """Prints the Markdown table (mean [min-max] over seeds) and draws ``accuracy_hours.png``."""
     result = json.loads((out / "results.json").read_text())
-    by_method: dict[str, list[dict[str, Any]]] = {}
-    for r in result["runs"]:
-        by_method.setdefault(r["method"], []).append(r)
+    by_method = common.group_by(result["runs"], lambda r: r["method"])
     head = [
         "method", "seeds", "rounds (events) in budget", "final acc", "best acc",
         f"hours to {target}", f"GB to {target}", f"k examples to {target}",
@@ -338,37 +329,29 @@ def on_grid(run: dict[str, Any], grid: np.ndarray) -> np.ndarray:
 def plot(
     by_method: dict[str, list[dict[str, Any]]], hours: float, target: float, path: Path
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for ax, until in zip(axes, (hours, hours / 4)):  # the whole budget, and its first quarter
-        grid = np.linspace(0.0, until, 400)
-        for method in METHODS:
-            runs = by_method.get(method)
-            if not runs:
-                continue
-            acc = np.array([on_grid(r, grid) for r in runs])
-            style = "--" if method in ASYNC else "-"
-            label = f"{method} ({len(runs)} seeds)"
-            (line,) = ax.plot(grid, acc.mean(axis=0), style, label=label)
-            band = (acc.min(axis=0), acc.max(axis=0))
-            ax.fill_between(grid, *band, color=line.get_color(), alpha=0.15, lw=0)
-        ax.axhline(target, color="grey", lw=0.8, ls=":", label=f"target {target}")
-        ax.set_xlabel("virtual time (hours)")
-        ax.set_ylim(bottom=0.3)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("test accuracy (mean; band: min-max over seeds)")
-    axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(
-        "Fashion-MNIST MLP, 100 clients, FLASH devices, links and loose traces, "
-        f"{hours:g} virtual h each (right: the first {hours / 4:g} h)"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with common.figure(path, ncols=2, figsize=(13, 4.8)) as (fig, axes):
+        for ax, until in zip(axes, (hours, hours / 4)):  # the whole budget, and its first quarter
+            grid = np.linspace(0.0, until, 400)
+            for method in METHODS:
+                runs = by_method.get(method)
+                if not runs:
+                    continue
+                acc = np.array([on_grid(r, grid) for r in runs])
+                style = "--" if method in ASYNC else "-"
+                label = f"{method} ({len(runs)} seeds)"
+                (line,) = ax.plot(grid, acc.mean(axis=0), style, label=label)
+                band = (acc.min(axis=0), acc.max(axis=0))
+                ax.fill_between(grid, *band, color=line.get_color(), alpha=0.15, lw=0)
+            ax.axhline(target, color="grey", lw=0.8, ls=":", label=f"target {target}")
+            ax.set_xlabel("virtual time (hours)")
+            ax.set_ylim(bottom=0.3)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("test accuracy (mean; band: min-max over seeds)")
+        axes[1].legend(fontsize=8, loc="lower right")
+        fig.suptitle(
+            "Fashion-MNIST MLP, 100 clients, FLASH devices, links and loose traces, "
+            f"{hours:g} virtual h each (right: the first {hours / 4:g} h)"
+        )
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -396,9 +379,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--fedasync-staleness", type=int, default=40)
     parser.add_argument("--alpha", type=float, default=0.6, help="FedAsync's mixing weight")
     parser.add_argument("--client-lr", type=float, default=0.05)
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--resume", action="store_true", help="skip (method, seed) already run")
-    parser.add_argument("--report", action="store_true", help="only print the table and plot")
+    common.add_output_flags(parser, OUT, resume=True)
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.hours, args.evals = args.seeds[:1], args.quick_hours, 5
@@ -407,8 +388,4 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.report:
-        report(Path(arguments.out), arguments.target)
-    else:
-        main(arguments)
+    common.main_or_report(parse, main, report, "target")

@@ -44,13 +44,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import common
 import numpy as np
 
 from fedjax_het import config as config_lib
@@ -58,8 +58,7 @@ from fedjax_het import results as run_results
 from fedjax_het.data import diagnostics
 from fedjax_het.training import simulate
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "experiments" / "results" / "dirichlet_sweep"
+DEFAULT_OUT = common.RESULTS / "dirichlet_sweep"
 DEFAULT_BETAS = "0.05,0.1,0.5,1,10,inf"
 RESULTS_FILE = "results.jsonl"
 PLOT_FILE = "dirichlet_sweep.png"
@@ -218,71 +217,58 @@ def plot(lines: Sequence[dict[str, Any]], path: Path) -> None:
     and its tick is labelled. Dots are single seeds, the solid line joins their means, the
     dashed one the means of the last evaluations (:func:`summarize`).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     betas = sorted({beta_value(line) for line in lines})
     finite = [b for b in betas if not math.isinf(b)]
     inf_x = 10 * max(finite) if finite else 1.0
     x_of = {b: (inf_x if math.isinf(b) else b) for b in betas}
     first_seed = min(line["seed"] for line in lines)
-    colors = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(betas)))
+    colors = common.pyplot().get_cmap("viridis")(np.linspace(0, 0.9, len(betas)))
+    with common.figure(path, dpi=110, ncols=2, figsize=(11, 4.2)) as (_, (ax_curve, ax_beta)):
+        for beta, color in zip(betas, colors):
+            for line in lines:
+                if beta_value(line) == beta and line["seed"] == first_seed:
+                    rounds, acc = zip(*line["curve"])
+                    ax_curve.plot(rounds, acc, color=color, label=f"beta = {format_beta(beta)}")
+        ax_curve.set(
+            xlabel="round",
+            ylabel="test accuracy",
+            ylim=(0, 1),
+            title=f"test accuracy against rounds (seed {first_seed})",
+        )
+        ax_curve.legend(loc="lower right")
 
-    fig, (ax_curve, ax_beta) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for beta, color in zip(betas, colors):
-        for line in lines:
-            if beta_value(line) == beta and line["seed"] == first_seed:
-                rounds, acc = zip(*line["curve"])
-                ax_curve.plot(rounds, acc, color=color, label=f"beta = {format_beta(beta)}")
-    ax_curve.set(
-        xlabel="round",
-        ylabel="test accuracy",
-        ylim=(0, 1),
-        title=f"test accuracy against rounds (seed {first_seed})",
-    )
-    ax_curve.legend(loc="lower right")
-
-    summaries = by_beta(lines)
-    for s, color in zip(summaries, colors):
-        final = [line["final_test_accuracy"] for line in lines if beta_value(line) == s["beta"]]
-        ax_beta.scatter([x_of[s["beta"]]] * len(final), final, color=color, s=18, zorder=3)
-    xs = [x_of[s["beta"]] for s in summaries]
-    ax_beta.plot(
-        xs,
-        [s["final_mean"] for s in summaries],
-        color="gray",
-        zorder=2,
-        label="final, mean over seeds (dots: seeds)",
-    )
-    ax_beta.plot(
-        xs,
-        [s["tail_accuracy"] for s in summaries],
-        color="gray",
-        ls="--",
-        zorder=2,
-        label=f"mean of the last {TAIL_EVALS} evaluations",
-    )
-    ax_beta.set_xscale("log")
-    ax_beta.set_xticks([x_of[b] for b in betas], [format_beta(b) for b in betas])
-    ax_beta.minorticks_off()
-    num_seeds = len({line["seed"] for line in lines})
-    ax_beta.set(
-        xlabel="Dirichlet beta (log scale; inf = IID by class)",
-        ylabel="test accuracy",
-        title=f"accuracy at round {lines[0]['rounds']} against beta ({num_seeds} seeds)",
-    )
-    ax_beta.legend(loc="lower right")
-    for ax in (ax_curve, ax_beta):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(text) for text in path.read_text().splitlines() if text.strip()]
+        summaries = by_beta(lines)
+        for s, color in zip(summaries, colors):
+            final = [line["final_test_accuracy"] for line in lines if beta_value(line) == s["beta"]]
+            ax_beta.scatter([x_of[s["beta"]]] * len(final), final, color=color, s=18, zorder=3)
+        xs = [x_of[s["beta"]] for s in summaries]
+        ax_beta.plot(
+            xs,
+            [s["final_mean"] for s in summaries],
+            color="gray",
+            zorder=2,
+            label="final, mean over seeds (dots: seeds)",
+        )
+        ax_beta.plot(
+            xs,
+            [s["tail_accuracy"] for s in summaries],
+            color="gray",
+            ls="--",
+            zorder=2,
+            label=f"mean of the last {TAIL_EVALS} evaluations",
+        )
+        ax_beta.set_xscale("log")
+        ax_beta.set_xticks([x_of[b] for b in betas], [format_beta(b) for b in betas])
+        ax_beta.minorticks_off()
+        num_seeds = len({line["seed"] for line in lines})
+        ax_beta.set(
+            xlabel="Dirichlet beta (log scale; inf = IID by class)",
+            ylabel="test accuracy",
+            title=f"accuracy at round {lines[0]['rounds']} against beta ({num_seeds} seeds)",
+        )
+        ax_beta.legend(loc="lower right")
+        for ax in (ax_curve, ax_beta):
+            ax.grid(alpha=0.3)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -321,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     results_path, plot_path = args.out / RESULTS_FILE, args.out / PLOT_FILE
     if args.report:
-        report(read_results(results_path), plot_path)
+        report(common.read_rows(results_path), plot_path)
         return 0
     betas = parse_betas(args.betas)
     if args.seeds < 1 or args.rounds < 1:
@@ -333,9 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for beta in betas:
         beta_lines = []
         for seed in range(args.seeds):
-            line = {**run_one(beta, seed, args), "environment": env}
-            with results_path.open("a") as f:
-                f.write(json.dumps(line) + "\n")
+            line = run_one(beta, seed, args)
+            common.write_rows(results_path, [line], env, key="environment")
             beta_lines.append(line)
         print(beta_line(summarize(beta, beta_lines)), flush=True)
         lines += beta_lines

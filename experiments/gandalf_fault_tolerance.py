@@ -1,4 +1,4 @@
-"""GANDALF's fault tolerance, as in its Table 2 (issue 14, part 4).
+"""GANDALF's fault tolerance, as in its Table 2.
 
 Chou, Chang, Chou, "A GAN-based Data Augmentation Framework for Federated Learning on Non-IID
 Data" (notes: dace-gandalf-freezefl §B.1, Table 2). On the shipped Fashion-MNIST subset split over
@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import numpy as np
 
 from fedjax_het import models
@@ -60,7 +61,7 @@ from fedjax_het.data.federated import FederatedData
 from fedjax_het.gandalf import pipeline as gandalf
 from fedjax_het.system.profiles import uniform_profiles
 
-OUT = Path(__file__).parent / "results" / "gandalf_fault_tolerance"
+OUT = common.RESULTS / "gandalf_fault_tolerance"
 NUM_CLIENTS, NUM_CLASSES, MAJORS = 20, 10, 4
 MAJOR_ROWS, MINOR_ROWS = 143, 14
 STEP_SECONDS, MAX_WAIT, HEARTBEAT = 1.0, 120.0, 10.0
@@ -119,8 +120,7 @@ def options(method: str, fault_tolerance: bool, gan_passes: int) -> gandalf.Gand
 
 
 def main(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.out_dir(args.out)
     env = run_results.environment()
     model = models.mlp((28, 28, 1), NUM_CLASSES, hidden=(100,))
     algorithm = fedavg()
@@ -243,16 +243,15 @@ def _ratio(cell: dict[bool, dict[str, Any]], name: str) -> float | None:
     return without / with_ft if with_ft and without else None
 
 
-def report(out: Path, *, quick: bool = False) -> None:
+def report(out: Path, quick: bool = False) -> None:
     """Writes results.json (per-cell mean/min/max over seeds, for every target accuracy), a
     markdown table per target and the plot."""
     suffix = "-quick" if quick else ""
-    rows = [json.loads(line) for line in (out / f"runs{suffix}.jsonl").read_text().splitlines()]
+    rows = common.read_rows(out / f"runs{suffix}.jsonl")
     meta = json.loads((out / f"meta{suffix}.json").read_text())
     fmt = lambda s, f="{:.3f}": (
-        "-" if s["mean"] is None
-        else f"{f.format(s['mean'])} [{f.format(s['min'])}-{f.format(s['max'])}]"
-    )  # fmt: skip
+        "-" if s["mean"] is None else common.spread((s["mean"], s["min"], s["max"]), f)
+    )
     times = lambda v: "-" if v is None else f"{v:.2f}x"
     results, lines = {}, []
     for target in map(str, meta["targets"]):
@@ -294,38 +293,31 @@ def report(out: Path, *, quick: bool = False) -> None:
 
 
 def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rates = meta["rates"]
-    fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.8), sharey=True,
-                             squeeze=False)  # fmt: skip
-    colours = {"gandalf": "tab:red", "mediator": "tab:blue", "fedavg": "tab:gray"}
-    for ax, rate in zip(axes[0], rates):
-        for method in METHODS:
-            for ft in (True, False):
-                runs = [r for r in rows if (r["method"], r["fault_tolerance"], r["rate"])
-                        == (method, ft, rate)]  # fmt: skip
-                if not runs:
-                    continue
-                clock = np.mean([[c[1] for c in r["curve"]] for r in runs], axis=0) / 60
-                acc = np.mean([[c[2] for c in r["curve"]] for r in runs], axis=0)
-                ax.plot(clock, acc, "-" if ft else "--", color=colours[method], lw=1.2,
-                        label=f"{method}, {'with' if ft else 'without'} FT")  # fmt: skip
-        for target in meta["targets"]:
-            ax.axhline(float(target), color="k", lw=0.6, ls=":")
-        ax.set_xscale("log")
-        ax.set_title(f"dropout rate {rate}")
-        ax.set_xlabel("virtual time (min, log)")
-    axes[0][0].set_ylabel(f"test accuracy (mean of {len(meta['seeds'])} seeds)")
-    axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"GANDALF fault tolerance, Fashion-MNIST 20 clients 4-major, "
-                 f"{meta['rounds']} rounds", fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    size = (4.2 * len(rates), 3.8)
+    figure = common.figure(path, ncols=len(rates), figsize=size, sharey=True, squeeze=False)
+    with figure as (fig, axes):
+        colours = {"gandalf": "tab:red", "mediator": "tab:blue", "fedavg": "tab:gray"}
+        for ax, rate in zip(axes[0], rates):
+            for method in METHODS:
+                for ft in (True, False):
+                    runs = [r for r in rows if (r["method"], r["fault_tolerance"], r["rate"])
+                            == (method, ft, rate)]  # fmt: skip
+                    if not runs:
+                        continue
+                    clock = np.mean([[c[1] for c in r["curve"]] for r in runs], axis=0) / 60
+                    acc = np.mean([[c[2] for c in r["curve"]] for r in runs], axis=0)
+                    ax.plot(clock, acc, "-" if ft else "--", color=colours[method], lw=1.2,
+                            label=f"{method}, {'with' if ft else 'without'} FT")  # fmt: skip
+            for target in meta["targets"]:
+                ax.axhline(float(target), color="k", lw=0.6, ls=":")
+            ax.set_xscale("log")
+            ax.set_title(f"dropout rate {rate}")
+            ax.set_xlabel("virtual time (min, log)")
+        axes[0][0].set_ylabel(f"test accuracy (mean of {len(meta['seeds'])} seeds)")
+        axes[0][0].legend(fontsize=7, loc="lower right")
+        fig.suptitle(f"GANDALF fault tolerance, Fashion-MNIST 20 clients 4-major, "
+                     f"{meta['rounds']} rounds", fontsize=10)  # fmt: skip
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -343,8 +335,7 @@ def parse(argv=None) -> argparse.Namespace:
         help="test accuracies to time; the first one goes in the table",
     )
     parser.add_argument("--gan-passes", type=int, default=10)
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--report", action="store_true", help="only rebuild table and plot")
+    common.add_output_flags(parser, OUT)
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.rates, args.rounds, args.gan_passes = [0], [0.1, 0.7], 8, 2
@@ -352,8 +343,4 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.report:
-        report(Path(arguments.out), quick=arguments.quick)
-    else:
-        main(arguments)
+    common.main_or_report(parse, main, report, "quick")

@@ -92,15 +92,17 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))  # common, also when loaded by its path
+import common
 import jax
 import numpy as np
 
 from fedjax_het import config as config_lib
-from fedjax_het import results as run_results
 from fedjax_het.data import catalog
 from fedjax_het.data.quantity_skew import lognormal_sizes
 from fedjax_het.sampling import uniform
@@ -111,7 +113,7 @@ from fedjax_het.system import setup as system_setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate
 
-OUT = Path(__file__).parent / "results" / "hdfl_setups"
+OUT = common.RESULTS / "hdfl_setups"
 METHODS = ("fedavg", "lsfl", "hdfl", "oort")
 LATENCY_MEAN_S, LATENCY_STD_S, LATENCY_MIN_S = 5.0, 1.5, 0.1
 CDR_MEAN = 0.4
@@ -133,17 +135,25 @@ class SetupSpec:
 
 SETUPS = {
     "femnist": SetupSpec(
-        "femnist", "FEMNIST 179/10", 179, 10,
-        ('partition.kind="dirichlet_client"', "partition.beta=1.0",
-         "local.batch_size=10"),
+        "femnist",
+        "FEMNIST 179/10",
+        179,
+        10,
+        ('partition.kind="dirichlet_client"', "partition.beta=1.0", "local.batch_size=10"),
         size_sigma=0.5,
     ),
     "cifar": SetupSpec(
-        "cifar", "CIFAR-10 100/10", 100, 10,
+        "cifar",
+        "CIFAR-10 100/10",
+        100,
+        10,
         ('partition.kind="classes_per_client"', "partition.c=5", "local.batch_size=32"),
     ),
     "shakespeare": SetupSpec(
-        "shakespeare", "Shakespeare 30/3", 30, 3,
+        "shakespeare",
+        "Shakespeare 30/3",
+        30,
+        3,
         ('data.name="synthetic"', 'model.name="logistic_regression"', "local.batch_size=10"),
     ),
 }
@@ -152,8 +162,11 @@ ROUNDS = {"femnist": 400, "cifar": 400, "shakespeare": 400}
 
 def experiment(spec: SetupSpec) -> config_lib.Experiment:
     """The data, model, algorithm and local work of ``spec`` (``fedjax_het.config``)."""
-    sets = [f"data.num_clients={spec.num_clients}",
-            f"sampler.clients_per_round={spec.per_round}", *spec.overrides]
+    sets = [
+        f"data.num_clients={spec.num_clients}",
+        f"sampler.clients_per_round={spec.per_round}",
+        *spec.overrides,
+    ]
     exp = config_lib.build(config_lib.load(None, sets))
     if spec.size_sigma is None:
         return exp
@@ -174,8 +187,7 @@ def environment(exp: config_lib.Experiment, seed: int) -> dict[str, np.ndarray]:
     cdr = np.clip(rng.exponential(CDR_MEAN, n), 0.0, 1.0)
     spec = simulate.local_spec(exp.model, exp.algorithm, exp.data, exp.work)
     steps = simulate.steps_needed(spec, exp.data.train.count)
-    return {"latency": latency.astype(np.float32), "cdr": cdr.astype(np.float32),
-            "steps": steps}
+    return {"latency": latency.astype(np.float32), "cdr": cdr.astype(np.float32), "steps": steps}
 
 
 def system_for(method: str, env: dict[str, np.ndarray], seed: int) -> system_setup.System:
@@ -206,22 +218,44 @@ def select_for(method: str, num_clients: int, num_slots: int):
 
 
 def train(
-    exp: config_lib.Experiment, spec: SetupSpec, method: str, seed: int,
-    env: dict[str, np.ndarray], *, rounds: int, eval_every: int, progress: bool = False,
+    exp: config_lib.Experiment,
+    spec: SetupSpec,
+    method: str,
+    seed: int,
+    env: dict[str, np.ndarray],
+    *,
+    rounds: int,
+    eval_every: int,
+    progress: bool = False,
 ) -> simulate.History:
     """Trains ``method`` in the environment ``env`` (``environment``) for ``rounds`` rounds."""
     system = system_for(method, env, seed)
     slots = int(policies.num_selected(spec.per_round, system.policy.over_commit))
     return simulate.run(
-        exp.data, exp.model, exp.algorithm, uniform(exp.data.num_clients, spec.per_round),
-        rounds=rounds, work=exp.work, hyper=exp.hyper, seed=seed, eval_every=eval_every,
-        weighting="uniform" if method == "hdfl" else "examples", progress=progress,
-        system=system, select=select_for(method, exp.data.num_clients, slots), targets=(),
+        exp.data,
+        exp.model,
+        exp.algorithm,
+        uniform(exp.data.num_clients, spec.per_round),
+        rounds=rounds,
+        work=exp.work,
+        hyper=exp.hyper,
+        seed=seed,
+        eval_every=eval_every,
+        weighting="uniform" if method == "hdfl" else "examples",
+        progress=progress,
+        system=system,
+        select=select_for(method, exp.data.num_clients, slots),
+        targets=(),
     )
 
 
-def figures(history: simulate.History, exp: config_lib.Experiment,
-            env: dict[str, np.ndarray], *, tail: int = TAIL) -> dict[str, Any]:
+def figures(
+    history: simulate.History,
+    exp: config_lib.Experiment,
+    env: dict[str, np.ndarray],
+    *,
+    tail: int = TAIL,
+) -> dict[str, Any]:
     """A run's figures: accuracy and fairness (means over the last ``tail`` evaluations, and
     after the last round), cost, time, and its curve."""
     summary, per_round = history.summary, history.round_metrics
@@ -253,9 +287,17 @@ def figures(history: simulate.History, exp: config_lib.Experiment,
         "clients_never_participated": summary["clients_never_participated"],
         "mean_cdr_selected": float(env["cdr"][selected[valid]].mean()),
         "curve": [
-            {k: line.get(k, 0.0) for k in ("round", "virtual_s", "test_accuracy",
-                                           "client_accuracy_mean", "client_accuracy_p10",
-                                           "examples_processed")}
+            {
+                k: line.get(k, 0.0)
+                for k in (
+                    "round",
+                    "virtual_s",
+                    "test_accuracy",
+                    "client_accuracy_mean",
+                    "client_accuracy_p10",
+                    "examples_processed",
+                )
+            }
             for line in history.metrics
         ],
         "wall_s": summary["wall_s"],
@@ -263,22 +305,33 @@ def figures(history: simulate.History, exp: config_lib.Experiment,
 
 
 def run_cell(
-    exp: config_lib.Experiment, spec: SetupSpec, method: str, seed: int, *, rounds: int,
-    eval_every: int, progress: bool = False,
+    exp: config_lib.Experiment,
+    spec: SetupSpec,
+    method: str,
+    seed: int,
+    *,
+    rounds: int,
+    eval_every: int,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """One (set-up, method, seed) run and its figures."""
     env = environment(exp, seed)
-    history = train(exp, spec, method, seed, env, rounds=rounds, eval_every=eval_every,
-                    progress=progress)
-    return {"setup": spec.name, "method": method, "seed": seed, "rounds": rounds,
-            **figures(history, exp, env)}
+    history = train(
+        exp, spec, method, seed, env, rounds=rounds, eval_every=eval_every, progress=progress
+    )
+    return {
+        "setup": spec.name,
+        "method": method,
+        "seed": seed,
+        "rounds": rounds,
+        **figures(history, exp, env),
+    }
 
 
 def main(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.out_dir(args.out)
     path = out / "results.json"
-    rows = json.loads(path.read_text())["runs"] if args.resume and path.exists() else []
+    rows = common.earlier_runs(path, args.resume)
     done = {(r["setup"], r["method"], r["seed"]) for r in rows}
     for name in args.setups:
         spec = SETUPS[name]
@@ -289,25 +342,48 @@ def main(args: argparse.Namespace) -> None:
                 if (name, method, seed) in done:
                     continue
                 print(f"== {name} / {method} / seed {seed}", flush=True)
-                rows.append(run_cell(exp, spec, method, seed, rounds=rounds,
-                                     eval_every=args.eval_every, progress=args.progress))
+                rows.append(
+                    run_cell(
+                        exp,
+                        spec,
+                        method,
+                        seed,
+                        rounds=rounds,
+                        eval_every=args.eval_every,
+                        progress=args.progress,
+                    )
+                )
                 r = rows[-1]
-                print(f"   acc {r['global_accuracy']:.3f} client mean {r['client_mean']:.3f} "
-                      f"std {r['client_std']:.3f} p10 {r['client_p10']:.3f} "
-                      f"cost {r['examples_processed'] / 1e3:.0f}k "
-                      f"({r['examples_wasted'] / 1e3:.0f}k wasted) "
-                      f"{r['virtual_hours']:.2f} h, wall {r['wall_s']:.0f} s", flush=True)
-                record = {"args": vars(args), "environment": run_results.environment(),
-                          "setups": {k: dataclasses.asdict(v) for k, v in SETUPS.items()},
-                          "runs": rows}
-                path.write_text(json.dumps(record, indent=1) + "\n")
+                print(
+                    f"   acc {r['global_accuracy']:.3f} client mean {r['client_mean']:.3f} "
+                    f"std {r['client_std']:.3f} p10 {r['client_p10']:.3f} "
+                    f"cost {r['examples_processed'] / 1e3:.0f}k "
+                    f"({r['examples_wasted'] / 1e3:.0f}k wasted) "
+                    f"{r['virtual_hours']:.2f} h, wall {r['wall_s']:.0f} s",
+                    flush=True,
+                )
+                setups = {k: dataclasses.asdict(v) for k, v in SETUPS.items()}
+                common.write_json(path, common.record(args, setups=setups, runs=rows))
     report(out)
 
 
-MECHANISM = ("ok_per_round", "dropped_per_round", "late_per_round", "mean_cdr_selected",
-             "participation_gini", "clients_never_participated")
-FIGURES = ("global_accuracy", "client_mean", "client_std", "client_p10", "examples_processed",
-           "examples_wasted", "virtual_hours")
+MECHANISM = (
+    "ok_per_round",
+    "dropped_per_round",
+    "late_per_round",
+    "mean_cdr_selected",
+    "participation_gini",
+    "clients_never_participated",
+)
+FIGURES = (
+    "global_accuracy",
+    "client_mean",
+    "client_std",
+    "client_p10",
+    "examples_processed",
+    "examples_wasted",
+    "virtual_hours",
+)
 
 
 def at_budget(runs: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, float]]:
@@ -332,22 +408,25 @@ def at_budget(runs: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and spread (min, max over seeds) of each figure per (set-up, method)."""
     limited = at_budget(runs)
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in runs:
-        cells.setdefault((r["setup"], r["method"]), []).append(
-            {**r, **limited[(r["setup"], r["method"], r["seed"])]})
+    cells = common.group_by(
+        ({**r, **limited[(r["setup"], r["method"], r["seed"])]} for r in runs),
+        lambda r: (r["setup"], r["method"]),
+    )
     order = {name: i for i, name in enumerate([*SETUPS, *METHODS])}
     table = []
-    for (name, method), cell in sorted(cells.items(), key=lambda kv: (order.get(kv[0][0], 99),
-                                                                      order.get(kv[0][1], 99))):
+    for (name, method), cell in sorted(
+        cells.items(), key=lambda kv: (order.get(kv[0][0], 99), order.get(kv[0][1], 99))
+    ):
         entry: dict[str, Any] = {"setup": name, "method": method, "seeds": len(cell)}
         for r in cell:
-            r.update({f"{name}_per_round": r["outcomes"][name] / r["rounds"]
-                      for name in ("ok", "dropped", "late")})
-        for key in (*FIGURES, *MECHANISM, "budget_accuracy", "budget_client_mean",
-                    "budget_round"):
-            values = np.array([r[key] for r in cell], np.float64)
-            entry[key] = (float(values.mean()), float(values.min()), float(values.max()))
+            r.update(
+                {
+                    f"{name}_per_round": r["outcomes"][name] / r["rounds"]
+                    for name in ("ok", "dropped", "late")
+                }
+            )
+        for key in (*FIGURES, *MECHANISM, "budget_accuracy", "budget_client_mean", "budget_round"):
+            entry[key] = common.mean_min_max(r[key] for r in cell)
         table.append(entry)
     return table
 
@@ -356,30 +435,38 @@ def report(out: Path) -> None:
     """Prints the table (mean [min-max] over seeds) and draws ``hdfl_setups.png``."""
     record = json.loads((out / "results.json").read_text())
     table = summarise(record["runs"])
-    f3 = lambda v: f"{v[0]:.3f} [{v[1]:.3f}-{v[2]:.3f}]"
+    f3 = common.spread
     k = lambda v: f"{v[0] / 1e3:.0f}k [{v[1] / 1e3:.0f}-{v[2] / 1e3:.0f}]"
-    h = lambda v: f"{v[0]:.2f} [{v[1]:.2f}-{v[2]:.2f}]"
-    print("| set-up | method | global acc | client-mean acc | client std (fairness, lower "
-          "is fairer) | client p10 (worst decile) | examples processed (cost) | of which wasted "
-          "| virtual h | global acc at the fastest's time |")
+    h = lambda v: common.spread(v, "{:.2f}")
+    print(
+        "| set-up | method | global acc | client-mean acc | client std (fairness, lower "
+        "is fairer) | client p10 (worst decile) | examples processed (cost) | of which wasted "
+        "| virtual h | global acc at the fastest's time |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for e in table:
         paper = SETUPS[e["setup"]].paper if e["setup"] in SETUPS else e["setup"]
-        print(f"| {paper} | {e['method']} | {f3(e['global_accuracy'])} | {f3(e['client_mean'])} "
-              f"| {f3(e['client_std'])} | {f3(e['client_p10'])} | {k(e['examples_processed'])} "
-              f"| {k(e['examples_wasted'])} | {h(e['virtual_hours'])} "
-              f"| {f3(e['budget_accuracy'])} |")
+        print(
+            f"| {paper} | {e['method']} | {f3(e['global_accuracy'])} | {f3(e['client_mean'])} "
+            f"| {f3(e['client_std'])} | {f3(e['client_p10'])} | {k(e['examples_processed'])} "
+            f"| {k(e['examples_wasted'])} | {h(e['virtual_hours'])} "
+            f"| {f3(e['budget_accuracy'])} |"
+        )
     print(f"\nmean [min-max] over seeds; accuracies and std: mean of the last {TAIL} evaluations\n")
-    print("| set-up | method | updates aggregated / round | dropped / round | discarded (late) "
-          "/ round | mean CDR of the selected | participation Gini | clients never aggregated |")
+    print(
+        "| set-up | method | updates aggregated / round | dropped / round | discarded (late) "
+        "/ round | mean CDR of the selected | participation Gini | clients never aggregated |"
+    )
     print("|---|---|---|---|---|---|---|---|")
-    f2 = lambda v: f"{v[0]:.2f} [{v[1]:.2f}-{v[2]:.2f}]"
+    f2 = h
     for e in table:
         paper = SETUPS[e["setup"]].paper if e["setup"] in SETUPS else e["setup"]
-        print(f"| {paper} | {e['method']} | {f2(e['ok_per_round'])} "
-              f"| {f2(e['dropped_per_round'])} | {f2(e['late_per_round'])} "
-              f"| {f2(e['mean_cdr_selected'])} | {f2(e['participation_gini'])} "
-              f"| {e['clients_never_participated'][0]:.1f} |")
+        print(
+            f"| {paper} | {e['method']} | {f2(e['ok_per_round'])} "
+            f"| {f2(e['dropped_per_round'])} | {f2(e['late_per_round'])} "
+            f"| {f2(e['mean_cdr_selected'])} | {f2(e['participation_gini'])} "
+            f"| {e['clients_never_participated'][0]:.1f} |"
+        )
     print()
     for line in verdict(table):
         print(line)
@@ -389,62 +476,72 @@ def report(out: Path) -> None:
 def verdict(table: list[dict[str, Any]]) -> list[str]:
     """Per set-up, the best method on each figure (by mean over seeds)."""
     lines = []
-    better = {"client_mean": max, "client_std": min, "client_p10": max,
-              "examples_processed": min, "virtual_hours": min}
+    better = {
+        "client_mean": max,
+        "client_std": min,
+        "client_p10": max,
+        "examples_processed": min,
+        "virtual_hours": min,
+    }
     for name in dict.fromkeys(e["setup"] for e in table):
         rows = [e for e in table if e["setup"] == name]
-        best = {key: pick(rows, key=lambda e, key=key: e[key][0])["method"]
-                for key, pick in better.items()}
-        lines.append(f"- {name}: best client-mean accuracy {best['client_mean']}, fairness (std) "
-                     f"{best['client_std']}, worst decile {best['client_p10']}, cost "
-                     f"{best['examples_processed']}, time {best['virtual_hours']}")
+        best = {
+            key: pick(rows, key=lambda e, key=key: e[key][0])["method"]
+            for key, pick in better.items()
+        }
+        lines.append(
+            f"- {name}: best client-mean accuracy {best['client_mean']}, fairness (std) "
+            f"{best['client_std']}, worst decile {best['client_p10']}, cost "
+            f"{best['examples_processed']}, time {best['virtual_hours']}"
+        )
     return lines
 
 
 def plot(runs: list[dict[str, Any]], table: list[dict[str, Any]], path: Path) -> None:
     """Per set-up: global accuracy against virtual hours (seed 0), and the error/fairness/cost
     bars (mean with min-max over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(dict.fromkeys(e["setup"] for e in table))
-    fig, axes = plt.subplots(2, len(names), figsize=(5.2 * len(names), 7.5), squeeze=False)
+    size = (5.2 * len(names), 7.5)
+    figure = common.figure(path, dpi=110, nrows=2, ncols=len(names), figsize=size, squeeze=False)
+    with figure as (_, axes):
+        for col, name in enumerate(names):
+            first_seed = [r for r in runs if r["setup"] == name and r["seed"] == 0]
+            plot_curves(axes[0, col], first_seed, SETUPS[name].paper if name in SETUPS else name)
+            plot_bars(axes[1, col], [e for e in table if e["setup"] == name])
+
+
+def plot_curves(ax, runs: list[dict[str, Any]], title: str) -> None:
+    """Client-mean accuracy against virtual hours, a line per method."""
     colours = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
-    for col, name in enumerate(names):
-        ax = axes[0, col]
-        for r in runs:
-            if r["setup"] == name and r["seed"] == 0:
-                ax.plot([c["virtual_s"] / 3600 for c in r["curve"]],
-                        [c["client_accuracy_mean"] for c in r["curve"]],
-                        label=r["method"], color=colours.get(r["method"]))
-        paper = SETUPS[name].paper if name in SETUPS else name
-        ax.set(xlabel="virtual hours", ylabel="client-mean test accuracy",
-               title=f"{paper} (seed 0)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        ax = axes[1, col]
-        rows = [e for e in table if e["setup"] == name]
-        x = np.arange(len(rows))
-        for offset, key, label in ((-0.27, "client_mean", "client mean acc"),
-                                   (0.0, "client_std", "client std"),
-                                   (0.27, "client_p10", "client p10")):
-            means = np.array([e[key][0] for e in rows])
-            spread = np.array([[e[key][0] - e[key][1], e[key][2] - e[key][0]] for e in rows]).T
-            ax.bar(x + offset, means, 0.27, yerr=spread, label=label, capsize=2)
-        cost = ax.twinx()
-        processed = [e["examples_processed"][0] / 1e3 for e in rows]
-        cost.plot(x, processed, "k^", label="examples processed (cost)")
-        cost.set_ylabel("examples processed (thousands)")
-        cost.set_ylim(0, 1.4 * max(processed))
-        ax.set_xticks(x, [e["method"] for e in rows])
-        ax.set_ylim(0, 1.25)
-        ax.legend(loc="upper left", fontsize=7, ncol=3)
-        cost.legend(loc="upper right", fontsize=7, bbox_to_anchor=(1.0, 0.92))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    for r in runs:
+        ax.plot(
+            [c["virtual_s"] / 3600 for c in r["curve"]],
+            [c["client_accuracy_mean"] for c in r["curve"]],
+            label=r["method"],
+            color=colours.get(r["method"]),
+        )
+    ax.set(xlabel="virtual hours", ylabel="client-mean test accuracy", title=f"{title} (seed 0)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def plot_bars(ax, rows: list[dict[str, Any]]) -> None:
+    """Error and fairness bars per method, the cost as markers on a second axis."""
+    series = (
+        ("client_mean", "client mean acc"),
+        ("client_std", "client std"),
+        ("client_p10", "client p10"),
+    )
+    x = common.spread_bars(ax, rows, series)
+    cost = ax.twinx()
+    processed = [e["examples_processed"][0] / 1e3 for e in rows]
+    cost.plot(x, processed, "k^", label="examples processed (cost)")
+    cost.set_ylabel("examples processed (thousands)")
+    cost.set_ylim(0, 1.4 * max(processed))
+    ax.set_xticks(x, [e["method"] for e in rows])
+    ax.set_ylim(0, 1.25)
+    ax.legend(loc="upper left", fontsize=7, ncol=3)
+    cost.legend(loc="upper right", fontsize=7, bbox_to_anchor=(1.0, 0.92))
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -455,15 +552,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=0, help="0: each set-up's ROUNDS")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--progress", action="store_true")
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--report", action="store_true")
+    common.add_output_flags(parser, OUT, resume=True)
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.report:
-        report(Path(arguments.out))
-    else:
-        main(arguments)
+    common.main_or_report(parse, main, report)

@@ -31,28 +31,34 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import common
 
 from fedjax_het import config as config_lib
-from fedjax_het import results as run_results
 from fedjax_het.sweep import sweep
 
-OUT = Path(__file__).parent / "results" / "personalisation"
+OUT = common.RESULTS / "personalisation"
 ALGORITHMS = ("fedavg", "fedprox", "scaffold", "feddyn", "qffl", "ditto", "fedper", "ifca")
 PARTITIONS = ("dirichlet", "rotation")
 
 
 def overrides(partition: str, algorithm: str, args: argparse.Namespace) -> list[str]:
     """The ``--set`` overrides of one cell on top of the default experiment."""
-    sets = [f"rounds={args.rounds}", f"eval_every={args.eval_every}", f"algorithm.name={algorithm!r}"]
+    sets = [
+        f"rounds={args.rounds}",
+        f"eval_every={args.eval_every}",
+        f"algorithm.name={algorithm!r}",
+    ]
     if algorithm == "ifca":
         sets.append(f"algorithm.num_clusters={args.clusters}")
     if partition == "dirichlet":
         sets += ['partition.kind="dirichlet"', "partition.beta=0.1", "partition.min_size=1"]
     else:
         angles = [90.0 * (k % 4) for k in range(100)]
-        sets += ['partition.kind="iid"', 'feature_skew.kind="rotation"',
-                 f"feature_skew.angle={angles}"]
+        sets += [
+            'partition.kind="iid"',
+            'feature_skew.kind="rotation"',
+            f"feature_skew.angle={angles}",
+        ]
     return sets
 
 
@@ -61,29 +67,34 @@ def run_cell(partition: str, algorithm: str, args: argparse.Namespace) -> list[d
     kwargs = exp.run_kwargs()
     for key in ("system", "select", "seed"):
         kwargs.pop(key)
-    histories = sweep(exp.data, exp.model, exp.algorithm, exp.sampler,
-                      seeds=tuple(range(args.seeds)), **kwargs)
+    histories = sweep(
+        exp.data, exp.model, exp.algorithm, exp.sampler, seeds=tuple(range(args.seeds)), **kwargs
+    )
     rows = []
     for seed, history in enumerate(histories):
         s = history.summary
         prefix = "personal_accuracy" if history.personal_accuracy is not None else "client_accuracy"
-        rows.append({
-            "partition": partition, "algorithm": algorithm, "seed": seed,
-            "global_accuracy": s["final_test_accuracy"],
-            "personal": history.personal_accuracy is not None,
-            "own_mean": s[f"{prefix}_mean"], "own_p10": s[f"{prefix}_p10"],
-            "own_min": s[f"{prefix}_min"],
-            "global_client_p10": s["client_accuracy_p10"],
-            "wall_s_cell": s["wall_s"],
-        })
+        rows.append(
+            {
+                "partition": partition,
+                "algorithm": algorithm,
+                "seed": seed,
+                "global_accuracy": s["final_test_accuracy"],
+                "personal": history.personal_accuracy is not None,
+                "own_mean": s[f"{prefix}_mean"],
+                "own_p10": s[f"{prefix}_p10"],
+                "own_min": s[f"{prefix}_min"],
+                "global_client_p10": s["client_accuracy_p10"],
+                "wall_s_cell": s["wall_s"],
+            }
+        )
     return rows
 
 
 def main(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.out_dir(args.out)
     path = out / "results.json"
-    rows = json.loads(path.read_text())["runs"] if args.resume and path.exists() else []
+    rows = common.earlier_runs(path, args.resume)
     done = {(r["partition"], r["algorithm"]) for r in rows}
     for partition in args.partitions:
         for algorithm in args.algorithms:
@@ -91,67 +102,62 @@ def main(args: argparse.Namespace) -> None:
                 continue
             print(f"== {partition} / {algorithm}", flush=True)
             rows += run_cell(partition, algorithm, args)
-            record = {"args": vars(args), "environment": run_results.environment(), "runs": rows}
-            path.write_text(json.dumps(record, indent=1) + "\n")
+            common.write_json(path, common.record(args, runs=rows))
     report(out)
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and spread (min-max over seeds) of each figure per (partition, algorithm)."""
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        cells.setdefault((r["partition"], r["algorithm"]), []).append(r)
+    cells = common.group_by(rows, lambda r: (r["partition"], r["algorithm"]))
     table = []
     for (partition, algorithm), runs in cells.items():
-        entry = {"partition": partition, "algorithm": algorithm, "seeds": len(runs),
-                 "personal": runs[0]["personal"]}
+        entry = {
+            "partition": partition,
+            "algorithm": algorithm,
+            "seeds": len(runs),
+            "personal": runs[0]["personal"],
+        }
         for key in ("global_accuracy", "own_mean", "own_p10", "own_min"):
-            values = np.array([r[key] for r in runs])
-            entry[key] = (float(values.mean()), float(values.min()), float(values.max()))
+            entry[key] = common.mean_min_max(r[key] for r in runs)
         table.append(entry)
     return table
 
 
 def report(out: Path) -> None:
     """Prints the table (mean [min-max] over seeds) and draws ``personalisation.png``."""
-    record = json.loads((out / "results.json").read_text())
-    table = summarise(record["runs"])
-    fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}-{v[2]:.3f}]"
-    print("| partition | algorithm | own model | global acc | per-client mean | worst decile (p10) "
-          "| worst client |")
+    table = summarise(json.loads((out / "results.json").read_text())["runs"])
+    fmt = common.spread
+    print(
+        "| partition | algorithm | own model | global acc | per-client mean | worst decile (p10) "
+        "| worst client |"
+    )
     print("|---|---|---|---|---|---|---|")
     for e in table:
-        print(f"| {e['partition']} | {e['algorithm']} | {'yes' if e['personal'] else 'no'} "
-              f"| {fmt(e['global_accuracy'])} | {fmt(e['own_mean'])} | {fmt(e['own_p10'])} "
-              f"| {fmt(e['own_min'])} |")
+        print(
+            f"| {e['partition']} | {e['algorithm']} | {'yes' if e['personal'] else 'no'} "
+            f"| {fmt(e['global_accuracy'])} | {fmt(e['own_mean'])} | {fmt(e['own_p10'])} "
+            f"| {fmt(e['own_min'])} |"
+        )
     plot(table, out / "personalisation.png")
 
 
 def plot(table: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     partitions = sorted({e["partition"] for e in table})
-    fig, axes = plt.subplots(1, len(partitions), figsize=(6 * len(partitions), 3.8), squeeze=False)
-    for ax, partition in zip(axes[0], partitions):
-        rows = [e for e in table if e["partition"] == partition]
-        x = np.arange(len(rows))
-        for offset, key, label in ((-0.27, "global_accuracy", "global model"),
-                                   (0.0, "own_mean", "own model, mean"),
-                                   (0.27, "own_p10", "own model, worst decile")):
-            means = [e[key][0] for e in rows]
-            spread = np.array([[e[key][0] - e[key][1], e[key][2] - e[key][0]] for e in rows]).T
-            ax.bar(x + offset, means, 0.27, yerr=spread, label=label, capsize=2)
-        ax.set_xticks(x, [e["algorithm"] for e in rows], rotation=30)
-        ax.set_ylim(0, 1)
-        ax.set_title(partition)
-        ax.set_ylabel("test accuracy")
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    size = (6 * len(partitions), 3.8)
+    with common.figure(path, ncols=len(partitions), figsize=size, squeeze=False) as (_, axes):
+        for ax, partition in zip(axes[0], partitions):
+            rows = [e for e in table if e["partition"] == partition]
+            series = (
+                ("global_accuracy", "global model"),
+                ("own_mean", "own model, mean"),
+                ("own_p10", "own model, worst decile"),
+            )
+            x = common.spread_bars(ax, rows, series)
+            ax.set_xticks(x, [e["algorithm"] for e in rows], rotation=30)
+            ax.set_ylim(0, 1)
+            ax.set_title(partition)
+            ax.set_ylabel("test accuracy")
+        axes[0][0].legend(fontsize=8)
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -162,15 +168,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--clusters", type=int, default=4, help="IFCA's cluster models")
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     parser.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=PARTITIONS)
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--resume", action="store_true", help="skip cells already in results.json")
-    parser.add_argument("--report", action="store_true", help="only print the table and plot")
+    common.add_output_flags(parser, OUT, resume=True)
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.report:
-        report(Path(arguments.out))
-    else:
-        main(arguments)
+    common.main_or_report(parse, main, report)

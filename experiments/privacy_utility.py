@@ -1,4 +1,4 @@
-"""Privacy against utility: DP-FedAvg's test accuracy as its epsilon grows (issue 13, item 4).
+"""Privacy against utility: DP-FedAvg's test accuracy as its epsilon grows.
 
 McMahan et al. 2018 ("Learning Differentially Private Recurrent Language Models", Algorithm 1,
 ``fedjax_het.transforms.privacy.private``) on the default experiment (Fashion-MNIST subset, 100 clients,
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,7 +40,7 @@ from fedjax_het import results as run_results
 from fedjax_het.sweep import Cell, sweep
 from fedjax_het.transforms import privacy
 
-OUT = Path(__file__).parent / "results" / "privacy_utility"
+OUT = common.RESULTS / "privacy_utility"
 TARGETS = (2.0, 4.0, 8.0)
 NUM_CLIENTS, DELTA = 100, 1e-5
 
@@ -98,15 +98,12 @@ def first_update_norms(clients: int = 20) -> list[float]:
 
 
 def main(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.out_dir(args.out)
     env = run_results.environment()
 
     def write(rows: list[dict[str, Any]], kind: str) -> None:
-        with (out / "results.jsonl").open("a") as f:
-            f.writelines(
-                json.dumps(finite({"kind": kind, **r, "environment": env})) + "\n" for r in rows
-            )
+        lines = [finite({"kind": kind, **r}) for r in rows]
+        common.write_rows(out / "results.jsonl", lines, env, key="environment")
 
     if args.probe:
         norms = first_update_norms()
@@ -138,13 +135,14 @@ def within(curve: list[list[float]], target: float) -> float | None:
 
 def report(out: Path) -> None:
     """Prints the probe and main tables (means over seeds) and draws ``privacy_utility.png``."""
-    lines = [json.loads(s) for s in (out / "results.jsonl").read_text().splitlines()]
+    lines = common.read_rows(out / "results.jsonl")
     mean = lambda xs: None if None in xs else float(np.mean(xs))
     fmt = lambda v: "-" if v is None else f"{v:.3f}" if v < 1 else f"{v:.1f}"
     for kind, title in (("probe", "clip probe, 10 clients a round"), ("main", "DP-FedAvg")):
-        groups: dict[tuple, list[dict[str, Any]]] = {}
-        for r in (r for r in lines if r["kind"] == kind):
-            groups.setdefault((r["cohort"], r["private"], r["noise"] or 0, r["clip"]), []).append(r)
+        groups = common.group_by(
+            (r for r in lines if r["kind"] == kind),
+            lambda r: (r["cohort"], r["private"], r["noise"] or 0, r["clip"]),
+        )
         head = [
             "cohort",
             "z",
@@ -180,39 +178,37 @@ def report(out: Path) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    colours = {10: "tab:blue", 30: "tab:red"}
-    styles = {0.5: ":", 1.0: "--", 2.0: "-"}
-    for cohort in sorted({r["cohort"] for r in rows}):
-        base = [r["final_accuracy"] for r in rows if r["cohort"] == cohort and not r["private"]]
-        line = {"color": colours.get(cohort), "lw": 0.8}
-        ax.axhline(np.mean(base), **line, alpha=0.6, label=f"non-private FedAvg, {cohort}/round")
-        for z in sorted({r["noise"] for r in rows if r["cohort"] == cohort and r["private"]}):
-            runs = [r for r in rows if r["cohort"] == cohort and r["private"] and r["noise"] == z]
-            if z == 0:  # clipping only: no privacy, epsilon infinite
-                final = np.mean([r["final_accuracy"] for r in runs])
-                ax.axhline(final, **line, ls=(0, (1, 3)), label=f"clipping only, {cohort}/round")
-                continue
-            curve = np.array([[c[2], c[1]] for c in runs[0]["curve"] if c[0] > 0])
-            acc = np.mean([[c[1] for c in r["curve"] if c[0] > 0] for r in runs], axis=0)
-            label = f"z = {z:g}, {cohort}/round"
-            ax.plot(curve[:, 0], acc, styles.get(z, "-."), marker=".", **line, label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel("epsilon at delta 1e-5 (RDP, Poisson sampling)")
-    ax.set_ylabel("test accuracy (mean over seeds)")
-    clip = next(r["clip"] for r in rows if r["private"])
-    ax.set_title(
-        f"DP-FedAvg on fashion_mnist, 100 clients, C = {clip:g}, {rows[0]['rounds']} rounds"
-    )
-    ax.legend(fontsize=7, loc="lower right", handlelength=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with common.figure(path, figsize=(7, 4.2)) as (_, ax):
+        colours = {10: "tab:blue", 30: "tab:red"}
+        styles = {0.5: ":", 1.0: "--", 2.0: "-"}
+        for cohort in sorted({r["cohort"] for r in rows}):
+            base = [r["final_accuracy"] for r in rows if r["cohort"] == cohort and not r["private"]]
+            line = {"color": colours.get(cohort), "lw": 0.8}
+            ax.axhline(
+                np.mean(base), **line, alpha=0.6, label=f"non-private FedAvg, {cohort}/round"
+            )
+            for z in sorted({r["noise"] for r in rows if r["cohort"] == cohort and r["private"]}):
+                runs = [
+                    r for r in rows if r["cohort"] == cohort and r["private"] and r["noise"] == z
+                ]
+                if z == 0:  # clipping only: no privacy, epsilon infinite
+                    final = np.mean([r["final_accuracy"] for r in runs])
+                    ax.axhline(
+                        final, **line, ls=(0, (1, 3)), label=f"clipping only, {cohort}/round"
+                    )
+                    continue
+                curve = np.array([[c[2], c[1]] for c in runs[0]["curve"] if c[0] > 0])
+                acc = np.mean([[c[1] for c in r["curve"] if c[0] > 0] for r in runs], axis=0)
+                label = f"z = {z:g}, {cohort}/round"
+                ax.plot(curve[:, 0], acc, styles.get(z, "-."), marker=".", **line, label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("epsilon at delta 1e-5 (RDP, Poisson sampling)")
+        ax.set_ylabel("test accuracy (mean over seeds)")
+        clip = next(r["clip"] for r in rows if r["private"])
+        ax.set_title(
+            f"DP-FedAvg on fashion_mnist, 100 clients, C = {clip:g}, {rows[0]['rounds']} rounds"
+        )
+        ax.legend(fontsize=7, loc="lower right", handlelength=3)
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -227,14 +223,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--probe", action="store_true", help="only the clip-norm probe")
     parser.add_argument("--clips", type=float, nargs="+", default=[0.1, 0.5])
     parser.add_argument("--probe-rounds", type=int, default=30)
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--report", action="store_true", help="only print the tables and plot")
+    common.add_output_flags(parser, OUT)
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.report:
-        report(Path(arguments.out))
-    else:
-        main(arguments)
+    common.main_or_report(parse, main, report)

@@ -40,11 +40,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import jax
 import numpy as np
 
 from fedjax_het import config as config_lib
-from fedjax_het import results as run_results
 from fedjax_het.sweep import sweep
 from fedjax_het.system import flhetbench, setup
 from fedjax_het.system.schedule import OK
@@ -52,7 +52,7 @@ from fedjax_het.training import simulate
 from fedjax_het.training.online import upload_bytes
 
 CASES = ("case1", "case2", "case3", "case4")
-OUT = Path(__file__).parent / "results" / "system_grid"
+OUT = common.RESULTS / "system_grid"
 
 
 def systems(num_clients: int, args: argparse.Namespace, policy) -> list[setup.System]:
@@ -60,9 +60,15 @@ def systems(num_clients: int, args: argparse.Namespace, policy) -> list[setup.Sy
     return [
         setup.System(
             setup.profiles_from_options(
-                num_clients, devices="flash", device_sampler="dpgmm", device_level=device,
-                step_time=args.step_time, network="flash", availability="strict",
-                state_sampler="dpcsm", state_level=state,
+                num_clients,
+                devices="flash",
+                device_sampler="dpgmm",
+                device_level=device,
+                step_time=args.step_time,
+                network="flash",
+                availability="strict",
+                state_sampler="dpcsm",
+                state_level=state,
             ),
             policy,
         )
@@ -102,17 +108,20 @@ def cell_row(history: simulate.History, args: argparse.Namespace) -> dict[str, A
 
 def inter_mc_r(system: setup.System, steps: np.ndarray, args, payload: float) -> float:
     mc = flhetbench.MonteCarlo(
-        cohort_size=args.clients_per_round, rounds=1000, deadline=args.deadline,
-        overhead=args.overhead, payload=payload, start=args.start,
+        cohort_size=args.clients_per_round,
+        rounds=1000,
+        deadline=args.deadline,
+        overhead=args.overhead,
+        payload=payload,
+        start=args.start,
     )
-    return float(flhetbench.inter_mc_r(
-        system.profiles, key=jax.random.key(0), mc=mc, steps_needed=steps
-    ))
+    return float(
+        flhetbench.inter_mc_r(system.profiles, key=jax.random.key(0), mc=mc, steps_needed=steps)
+    )
 
 
 def main(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.out_dir(args.out)
     exp = config_lib.build(config_lib.load(None, [f"rounds={args.rounds}"]))
     kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed", "select")}
     spec = simulate.local_spec(exp.model, exp.algorithm, exp.data, exp.work)
@@ -120,13 +129,21 @@ def main(args: argparse.Namespace) -> None:
     shapes = jax.eval_shape(exp.model.init, jax.random.key(0))
     payload = float(upload_bytes(shapes))
     args.clients_per_round = exp.sampler.cohort_size
-    record: dict[str, Any] = {"args": vars(args), "environment": run_results.environment()}
+    record = common.record(args)
     for name, policy in policies(args).items():
         grid = systems(exp.data.num_clients, args, policy)
         t0 = time.perf_counter()
-        cells = sweep(exp.data, exp.model, exp.algorithm, exp.sampler, systems=grid,
-                      seeds=(args.seed,), progress=True, targets=(0.7, 0.75, 0.8, args.target),
-                      **kwargs)
+        cells = sweep(
+            exp.data,
+            exp.model,
+            exp.algorithm,
+            exp.sampler,
+            systems=grid,
+            seeds=(args.seed,),
+            progress=True,
+            targets=(0.7, 0.75, 0.8, args.target),
+            **kwargs,
+        )
         batched_s = time.perf_counter() - t0
         rows = [cell_row(h, args) for h in cells]
         for row, system in zip(rows, grid):
@@ -136,11 +153,21 @@ def main(args: argparse.Namespace) -> None:
         if name == "deadline" and args.sequential:
             t0 = time.perf_counter()
             for system in grid:
-                simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler, system=system,
-                             seed=args.seed, progress=False, **kwargs)
+                simulate.run(
+                    exp.data,
+                    exp.model,
+                    exp.algorithm,
+                    exp.sampler,
+                    system=system,
+                    seed=args.seed,
+                    progress=False,
+                    **kwargs,
+                )
             record[name]["sequential_wall_s"] = time.perf_counter() - t0
-            print(f"{name}: 16 cells one after another in {record[name]['sequential_wall_s']:.1f} s")
-        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+            print(
+                f"{name}: 16 cells one after another in {record[name]['sequential_wall_s']:.1f} s"
+            )
+        common.write_json(out / "results.json", record)
     report(out)
 
 
@@ -162,11 +189,6 @@ TITLES = {field: title for field, title, _ in TABLE_FIELDS}
 
 def report(out: Path) -> None:
     """Prints a markdown table per policy and draws ``system_grid.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     record = json.loads((out / "results.json").read_text())
     names = [n for n in ("deadline", "readiness") if n in record]
     for name in names:
@@ -179,30 +201,53 @@ def report(out: Path) -> None:
         timing = record[name]
         line = f"\nbatched: {timing['batched_wall_s']:.0f} s"
         if "sequential_wall_s" in timing:
-            line += (f"; sequential: {timing['sequential_wall_s']:.0f} s "
-                     f"({timing['sequential_wall_s'] / timing['batched_wall_s']:.2f}x)")
+            line += (
+                f"; sequential: {timing['sequential_wall_s']:.0f} s "
+                f"({timing['sequential_wall_s'] / timing['batched_wall_s']:.2f}x)"
+            )
         print(line)
-    panels = ("final_accuracy", "client_accuracy_p10", "participation_gini", "mean_round_s",
-              "inter_mc_r")
-    fig, axes = plt.subplots(len(names), len(panels), figsize=(4 * len(panels), 3.6 * len(names)),
-                             squeeze=False)
-    for i, name in enumerate(names):
-        for j, field in enumerate(panels):
-            values = np.array([np.nan if c[field] is None else c[field]
-                               for c in record[name]["cells"]], float).reshape(4, 4)
-            ax = axes[i, j]
-            image = ax.imshow(values, cmap="viridis")
-            for (r, c), v in np.ndenumerate(values):
-                ax.text(c, r, "-" if np.isnan(v) else f"{v:.2f}", ha="center", va="center",
-                        color="w", fontsize=8)
-            ax.set_xticks(range(4), [f"S{k + 1}" for k in range(4)])
-            ax.set_yticks(range(4), [f"D{k + 1}" for k in range(4)])
-            ax.set_title(f"{name}: {TITLES[field]}", fontsize=9)
-            fig.colorbar(image, ax=ax, fraction=0.046)
-    fig.supxlabel("state case (S1 most severe)")
-    fig.supylabel("device case (D4 widest spread)")
-    fig.tight_layout()
-    fig.savefig(out / "system_grid.png", dpi=110)
+    plot(record, names, out / "system_grid.png")
+
+
+PANELS = (
+    "final_accuracy",
+    "client_accuracy_p10",
+    "participation_gini",
+    "mean_round_s",
+    "inter_mc_r",
+)
+
+
+def plot(record: dict[str, Any], names: list[str], path: Path) -> None:
+    """A 4 x 4 heat map (device x state case) per policy and figure of ``PANELS``."""
+    size = (4 * len(PANELS), 3.6 * len(names))
+    figure = common.figure(
+        path, dpi=110, nrows=len(names), ncols=len(PANELS), figsize=size, squeeze=False
+    )
+    with figure as (fig, axes):
+        for i, name in enumerate(names):
+            for j, field in enumerate(PANELS):
+                values = np.array(
+                    [np.nan if c[field] is None else c[field] for c in record[name]["cells"]], float
+                ).reshape(4, 4)
+                ax = axes[i, j]
+                image = ax.imshow(values, cmap="viridis")
+                for (r, c), v in np.ndenumerate(values):
+                    ax.text(
+                        c,
+                        r,
+                        "-" if np.isnan(v) else f"{v:.2f}",
+                        ha="center",
+                        va="center",
+                        color="w",
+                        fontsize=8,
+                    )
+                ax.set_xticks(range(4), [f"S{k + 1}" for k in range(4)])
+                ax.set_yticks(range(4), [f"D{k + 1}" for k in range(4)])
+                ax.set_title(f"{name}: {TITLES[field]}", fontsize=9)
+                fig.colorbar(image, ax=ax, fraction=0.046)
+        fig.supxlabel("state case (S1 most severe)")
+        fig.supylabel("device case (D4 widest spread)")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -214,16 +259,15 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--overhead", type=float, default=5.0)
     parser.add_argument("--start", type=float, default=86_400.0, help="trace time of round 0")
     parser.add_argument("--target", type=float, default=0.8)
-    parser.add_argument("--no-sequential", dest="sequential", action="store_false",
-                        help="skip the 16 one-after-another runs")
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--report", action="store_true", help="only redraw from results.json")
+    parser.add_argument(
+        "--no-sequential",
+        dest="sequential",
+        action="store_false",
+        help="skip the 16 one-after-another runs",
+    )
+    common.add_output_flags(parser, OUT)
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.report:
-        report(Path(arguments.out))
-    else:
-        main(arguments)
+    common.main_or_report(parse, main, report)
