@@ -1,0 +1,214 @@
+"""Checking a config table against the code it feeds: the machinery every table's schema uses.
+
+A config table is the keyword arguments of one function (``arguments``) or the fields of one
+dataclass (``construct``): a key it does not take is unknown, a value is converted to the
+parameter's type hint or refused (``check``), and the error is a :class:`ConfigError` of one
+line that names the key and what is allowed. The tables themselves live beside the code they
+configure (``fedjax_het.data.schema``, ``fedjax_het.system.schema``, ...); ``fedjax_het.config``
+assembles them.
+
+No number may be NaN or infinite, except where a table says what ``inf`` means (its
+``UNBOUNDED``); integers fit in 32 bits; seeds are >= 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from fedjax_het import registry
+
+INT_BITS = 32  # integer options must fit JAX's default int32
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key and what is allowed."""
+
+
+class Key(NamedTuple):
+    """A key that a table lists itself, rather than reading it off a signature."""
+
+    hint: Any  # the type its value is checked against (``check``)
+    default: Any
+
+
+def configurable(fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``{name: default}`` of ``fn``'s parameters a config table may set (no default: ``...``)."""
+    out = {}
+    for name, p in inspect.signature(fn).parameters.items():
+        if name in skip or p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+            continue
+        if p.default is p.empty:
+            out[name] = ...
+        elif isinstance(p.default, (bool, int, float, str, list, tuple)):
+            out[name] = list(p.default) if isinstance(p.default, tuple) else p.default
+    return out
+
+
+def signature_keys(table: str, fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``{"table.key": type hint}`` for each configurable parameter of ``fn`` (a table's schema)."""
+    hints = typing.get_type_hints(fn)
+    return {f"{table}.{k}": hints.get(k, Any) for k in configurable(fn, skip)}
+
+
+def dataclass_keys(table: str, cls: type) -> dict[str, Any]:
+    """``{"table.key": type hint}`` for each field of the dataclass ``cls``."""
+    return {f"{table}.{k}": v for k, v in typing.get_type_hints(cls).items()}
+
+
+def arguments(
+    table: str,
+    fn: Callable,
+    values: Mapping[str, Any],
+    skip: Sequence[str] = (),
+    unbounded: Mapping[str, str] = types.MappingProxyType({}),
+) -> dict:
+    """Checks ``values`` against ``fn``'s configurable keyword parameters and their type hints.
+
+    Configurable parameters are those whose default is a TOML value (number,
+    string, bool, list) or that have no default. ``unbounded`` says, by key,
+    what ``inf`` means where it is allowed. Returns the checked values.
+    """
+    params = configurable(fn, skip)
+    hints = typing.get_type_hints(fn)
+    out = {}
+    for key, value in values.items():
+        if key not in params:
+            raise ConfigError(unknown("key", f"{table}.{key}", {f"{table}.{k}": 0 for k in params}))
+        out[key] = check(f"{table}.{key}", value, hints.get(key, Any), unbounded)
+    missing = [k for k, default in params.items() if default is ... and k not in out]
+    if missing:
+        raise ConfigError(f"{table}.{missing[0]} is required here and has no default")
+    return out
+
+
+def resolved(table: Mapping[str, Any], fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``table`` with every configurable default of ``fn`` filled in, for the run's record."""
+    defaults = {k: v for k, v in configurable(fn, skip).items() if v is not ...}
+    return {**defaults, **table}
+
+
+def optional_table(config: dict[str, Any], name: str, fn: Callable) -> dict[str, Any] | None:
+    """An optional table checked against ``fn``'s signature: its values, with ``fn``'s defaults
+    filled in the run's record; None (and the table dropped) when it is empty."""
+    table = dict(config.get(name) or {})
+    if not table:
+        config.pop(name, None)
+        return None
+    args = arguments(name, fn, table)
+    config[name] = resolved(args, fn)
+    return args
+
+
+def construct(table: str, cls: type, values: Mapping[str, Any]):
+    """The dataclass ``cls`` built from ``values``, each checked against its field's type."""
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in values:
+        if key not in fields:
+            raise ConfigError(unknown("key", f"{table}.{key}", {f"{table}.{k}": 0 for k in fields}))
+    checked = {k: check(f"{table}.{k}", v, hints[k]) for k, v in values.items()}
+    return guarded(table, lambda: cls(**checked))
+
+
+def guarded(table: str, make: Callable[[], Any]) -> Any:
+    """Runs a constructor, turning its ValueError into a ConfigError that names the table."""
+    try:
+        return make()
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"[{table}] {err}") from None
+
+
+def registered(kind: str, name: Any) -> Callable:
+    """The factory registered under ``name`` (``fedjax_het.registry``)."""
+    known = registry.names(kind)
+    if not isinstance(name, str) or name not in known:
+        raise ConfigError(unknown(f"{kind}.name", name, dict.fromkeys(known)))
+    return registry.lookup(kind, name)
+
+
+def choose(key: str, name: Any, choices: Mapping[str, Any]) -> Any:
+    """``choices[name]``, the value a choosing key (``data.name``, ``partition.kind``) names."""
+    if not isinstance(name, str) or name not in choices:
+        raise ConfigError(unknown(key, name, choices))
+    return choices[name]
+
+
+def check(
+    key: str, value: Any, hint: Any, unbounded: Mapping[str, str] = types.MappingProxyType({})
+) -> Any:
+    """``value`` converted to ``hint`` (int, float, bool, str, sequences, optionals) or a
+    ConfigError; a float may be ``inf`` only where ``unbounded`` says what it means for ``key``."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        # The option of the value's own kind first, so that its error is the one reported.
+        options.sort(key=lambda option: _is_sequence(option) != isinstance(value, (list, tuple)))
+        errors = []
+        for option in options:
+            try:
+                return check(key, value, option, unbounded)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{key} has an unsupported type")
+    if hint is float:
+        return _number(key, value, unbounded)
+    if hint is int:
+        return _integer(key, value)
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if hint is str and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    if _is_sequence(hint):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return [check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else value
+    return value
+
+
+def _number(key: str, value: Any, unbounded: Mapping[str, str]) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the largest float
+        number = math.inf if value > 0 else -math.inf
+    if math.isfinite(number) or (number == math.inf and key in unbounded):
+        return number
+    allowed = f" or inf ({unbounded[key]})" if key in unbounded else ""
+    raise ConfigError(f"{key} must be a finite number{allowed}, got {number}")
+
+
+def _integer(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if not -(2 ** (INT_BITS - 1)) <= value < 2 ** (INT_BITS - 1):
+        raise ConfigError(
+            f"{key} must be an integer of {INT_BITS} bits (|value| < 2**{INT_BITS - 1}), "
+            f"got {value}"
+        )
+    if key.rpartition(".")[2] == "seed" and value < 0:  # numpy refuses them, JAX wraps them
+        raise ConfigError(f"{key} must be >= 0, got {value}")
+    return value
+
+
+def _is_sequence(hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    return origin in (list, tuple, Sequence, typing.Sequence) or hint in (list, tuple)
+
+
+def unknown(what: str, name: Any, choices: Mapping[str, Any]) -> str:
+    """The one-line error for a name not among ``choices``, with the closest one suggested."""
+    known = sorted(choices)
+    hint = difflib.get_close_matches(str(name), known, n=1)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"unknown {what} {name!r}{suggestion}; allowed: {', '.join(known)}"

@@ -1,0 +1,46 @@
+"""The config's [model] table: a model of ``models.ZOO`` and its factory's options.
+
+The factory's example shape and class count come from the data, so the options are checked
+first (``model_options``) and the model is built once the data is (``build_model``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fedjax_het import models
+from fedjax_het.configuring import arguments, choose, guarded, resolved, signature_keys
+
+DEFAULTS: dict[str, Any] = {"model": {"name": "mlp", "hidden": [200, 200]}}
+SKIP = ("example_shape", "num_classes")  # given by the data
+
+
+def keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of [model] as ``config`` chooses it (``model.name``), with their types."""
+    out: dict[str, Any] = {"model.name": str} if config.get("model") else {}
+    out.update(signature_keys("model", _factory(config), SKIP))
+    return out
+
+
+def _factory(config: Mapping[str, Any]) -> Callable[..., models.Model]:
+    return choose("model.name", config["model"].get("name"), models.ZOO)
+
+
+def model_options(config: dict[str, Any]) -> tuple[Callable[..., models.Model], dict[str, Any]]:
+    """The model's factory and its checked options; [model] resolved in place."""
+    table = {k: v for k, v in config["model"].items() if k != "name"}
+    factory = _factory(config)
+    args = arguments("model", factory, table, SKIP)
+    config["model"] = {"name": config["model"]["name"], **resolved(args, factory, SKIP)}
+    return factory, args
+
+
+def build_model(
+    factory: Callable[..., models.Model],
+    args: Mapping[str, Any],
+    example_shape: Sequence[int],
+    num_classes: int,
+) -> models.Model:
+    """The model for the data's ``example_shape`` and ``num_classes``."""
+    return guarded("model", lambda: factory(example_shape, num_classes, **args))

@@ -1,0 +1,186 @@
+"""The config's [sampler], [system], [policy], [server] and [selection] tables: who is
+selected, on which devices, how a round ends, and which server runs them.
+
+``[sampler]`` names a registered client-selection rule and the cohort size; ``[system]`` takes
+the options of ``setup.profiles_from_options`` (device and state heterogeneity), ``[policy]``
+those of ``setup.policy_from_options``; ``[server]`` those of ``events.server_from_options``
+(the asynchronous server); ``[selection]`` names a registered selection that learns, with its
+options. The last four are optional; neither [system] nor [policy] means no heterogeneity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fedjax_het.configuring import (
+    ConfigError,
+    Key,
+    arguments,
+    check,
+    guarded,
+    registered,
+    resolved,
+    signature_keys,
+    unknown,
+)
+from fedjax_het.system import events, setup
+from fedjax_het.system.policy import RoundPolicy, num_selected
+from fedjax_het.system.sampler import Sampler
+
+SAMPLER = {"name": Key(str, "uniform"), "clients_per_round": Key(int, 10)}
+DEFAULTS: dict[str, Any] = {
+    "sampler": {k: key.default for k, key in SAMPLER.items()},
+    "system": {},
+    "policy": {},
+    "selection": {},
+    "server": {},
+}
+UNBOUNDED: dict[str, str] = {"system.bandwidth": "transfers take no time"}
+"""The options of these tables for which ``inf`` means something, and what."""
+PROFILE_SKIP = ("num_clients",)  # given by the data
+SERVER_SKIP = ("start", "on_unavailable")  # given by the [policy]
+SELECTION_SKIP = ("num_clients", "num_slots")  # given by the data and the cohort
+
+SystemOptions = tuple[dict[str, Any], RoundPolicy]  # the profile options, the policy
+Selection = tuple[Callable, dict[str, Any]]  # a learned selection's factory, its options
+
+
+def keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of these tables as ``config`` chooses them (``selection.name``), with their
+    types; [system] and [policy] are listed whether or not ``config`` has them."""
+    out: dict[str, Any] = {"sampler.name": str} if config.get("sampler") else {}
+    out["sampler.clients_per_round"] = SAMPLER["clients_per_round"].hint
+    out.update(signature_keys("system", setup.profiles_from_options, PROFILE_SKIP))
+    out.update(signature_keys("policy", setup.policy_from_options))
+    out.update(signature_keys("server", events.server_from_options, SERVER_SKIP))
+    if config.get("selection"):
+        factory = registered("selection", config["selection"].get("name"))
+        out.update({"selection.name": str, **signature_keys("selection", factory, SELECTION_SKIP)})
+    return out
+
+
+def sampler(config: Mapping[str, Any], num_clients: int | None) -> tuple[Callable, int]:
+    """The sampler factory and cohort size; checked against ``num_clients`` when it is known."""
+    table = dict(config["sampler"])
+    factory = registered("sampler", table.pop("name", None))
+    default = SAMPLER["clients_per_round"].default
+    cohort = check("sampler.clients_per_round", table.pop("clients_per_round", default), int)
+    for key in table:
+        raise ConfigError(unknown("key", f"sampler.{key}", {f"sampler.{k}": 0 for k in SAMPLER}))
+    if cohort < 1 or (num_clients is not None and cohort > num_clients):
+        raise ConfigError(
+            f"sampler.clients_per_round must be between 1 and data.num_clients={num_clients}, "
+            f"got {cohort}"
+        )
+    return factory, cohort
+
+
+def system_options(config: dict[str, Any]) -> SystemOptions | None:
+    """The [system] and [policy] tables, checked without the data: the profile options and
+    the policy. Neither table given means no system heterogeneity (None)."""
+    tables = {name: dict(config.get(name) or {}) for name in ("system", "policy")}
+    if not any(tables.values()):
+        for name in tables:
+            config.pop(name, None)
+        return None
+    profile_args = setup.absolute_paths(
+        arguments("system", setup.profiles_from_options, tables["system"], PROFILE_SKIP, UNBOUNDED)
+    )
+    guarded("system", lambda: setup.check_profile_options(**profile_args))
+    policy_args = arguments("policy", setup.policy_from_options, tables["policy"])
+    config["system"] = resolved(profile_args, setup.profiles_from_options, PROFILE_SKIP)
+    config["policy"] = resolved(policy_args, setup.policy_from_options)
+    return profile_args, guarded("policy", lambda: setup.policy_from_options(**policy_args))
+
+
+def selection_options(config: dict[str, Any], *, has_system: bool) -> Selection | None:
+    """The optional [selection] table, checked: a learned selection's factory and options."""
+    table = dict(config.get("selection") or {})
+    if not table:
+        config.pop("selection", None)
+        return None
+    if not has_system:
+        raise ConfigError("selection needs a [system] (and [policy]): it selects among devices")
+    name = table.pop("name", None)
+    factory = registered("selection", name)
+    args = arguments("selection", factory, table, SELECTION_SKIP)
+    config["selection"] = {"name": name, **resolved(args, factory, SELECTION_SKIP)}
+    return factory, args
+
+
+def server_options(
+    config: dict[str, Any],
+    system: SystemOptions | None,
+    *,
+    algorithm: str,
+    freezes: bool,
+    learned_selection: bool,
+) -> events.AsyncServer | None:
+    """The optional [server] table, checked: an asynchronous server (with its trace start and
+    unavailability rule from the [policy]), or None for the synchronous one. ``algorithm`` is
+    the algorithm's name; ``freezes``: it freezes layers by device timing."""
+    table = dict(config.get("server") or {})
+    if not table:
+        config.pop("server", None)
+        return None
+    args = arguments("server", events.server_from_options, table, SERVER_SKIP)
+    config["server"] = resolved(args, events.server_from_options, SERVER_SKIP)
+    if config["server"]["mode"] == "sync":
+        return guarded("server", lambda: events.server_from_options(**args))
+    if system is None:
+        raise ConfigError(
+            "server.mode = 'async' runs on device timings: it needs a [system] (and [policy]) table"
+        )
+    if learned_selection or freezes:
+        raise ConfigError(
+            "server.mode = 'async' takes neither a [selection] nor an algorithm that freezes by "
+            f"device timing ({algorithm}); run them with server.mode = 'sync'"
+        )
+    policy = system[1]
+    if policy.max_staleness:
+        raise ConfigError(
+            "policy.max_staleness (stale tasks of the synchronous server) and "
+            "server.mode = 'async' do not combine; use server.max_staleness"
+        )
+    return guarded(
+        "server",
+        lambda: events.server_from_options(
+            **args, start=float(policy.start), on_unavailable=policy.on_unavailable
+        ),
+    )
+
+
+def check_with_data(cohort: int, server: events.AsyncServer | None, num_clients: int) -> None:
+    """The cohort and the asynchronous server's concurrency against the data's clients."""
+    if cohort > num_clients:
+        raise ConfigError(
+            f"sampler.clients_per_round must be between 1 and the {num_clients} clients of "
+            f"the data, got {cohort}"
+        )
+    if server is not None and server.concurrency > num_clients:
+        raise ConfigError(
+            f"server.concurrency must be at most the {num_clients} clients of the data, got "
+            f"{server.concurrency}"
+        )
+
+
+def build_sampler(factory: Callable, num_clients: int, cohort: int) -> Sampler:
+    """The sampler of ``cohort`` clients a round among ``num_clients``."""
+    return guarded("sampler", lambda: factory(num_clients, cohort))
+
+
+def build_system(options: SystemOptions, num_clients: int) -> setup.System:
+    """The system: the clients' device and state profiles, and the round policy."""
+    profile_args, policy = options
+    profiles = guarded("system", lambda: setup.profiles_from_options(num_clients, **profile_args))
+    return setup.System(profiles, policy)
+
+
+def build_selection(
+    selection: Selection, cohort: int, system: setup.System, num_clients: int
+) -> Callable:
+    """The learned selection, choosing among the slots the round policy over-commits."""
+    factory, args = selection
+    slots = min(int(num_selected(cohort, system.policy.over_commit)), num_clients)
+    return guarded("selection", lambda: factory(num_clients, slots, **args))
