@@ -6,8 +6,8 @@
                      [--out DIR] [--overwrite] [--one-program] [--cells-at-once N]
     fedjax-het sweep --resume SWEEP_DIR
     fedjax-het config [CONFIG.toml] [--set key=value ...]
-    fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR]
-    fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR]
+    fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
+    fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
     fedjax-het compare RUN_DIR... [--x round|virtual_hours|bytes|wall_s] [--metric KEY]
                        [--target VALUE] [--out PLOT.png] [--overwrite]
 
@@ -58,6 +58,12 @@ def _add_resume_args(parser: argparse.ArgumentParser, metavar: str, what: str) -
         help=f"continue {what} from its checkpoint (its config.toml, unless a config or --set "
         "is given: then it must resolve to the same config)",
     )
+
+
+def _add_report_out(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--out", help=f"where to save (default: a new runs/{what}-<data>-<time>)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the report in an --out that holds one")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -118,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
         "data_summary.json and label_heatmap.png.",
     )
     _add_config_args(describe)
-    describe.add_argument("--out", default="runs/data", help="where to save (default: runs/data)")
+    _add_report_out(describe, "data")
 
     hetero = commands.add_parser("hetero", help="inspect the system heterogeneity of a config")
     hetero_commands = hetero.add_subparsers(dest="hetero_command", required=True, metavar="ACTION")
@@ -130,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
         "system_summary.json, timeline.png, availability.png and participation.png.",
     )
     _add_config_args(describe)
-    describe.add_argument("--out", default="runs/hetero", help="where to save (default: runs/hetero)")
+    _add_report_out(describe, "hetero")
     describe.add_argument("--mc-rounds", type=int, default=3000,
                           help="rounds of the R-metric runs (paper: 3000)")
     describe.add_argument("--mc-trips", type=int, default=10_000,
@@ -186,6 +192,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(err)
     if args.command == "run":
         return _run(experiment, args)
+    if args.command == "hetero" and experiment.system is None:
+        return _error("config error: hetero describe needs a [system] or [policy] table")
+    if args.command == "hetero" and (args.mc_rounds < 1 or args.mc_trips < 1):
+        return _error("--mc-rounds and --mc-trips must be >= 1")
+    if args.out is None:
+        args.out = _default_out(experiment.config, f"{args.command}-")
+    try:
+        results.prepare_out_dir(args.out, overwrite=args.overwrite)
+    except OutDirError as err:
+        return _error(f"cannot write the report to {args.out}: {err}")
     try:
         if args.command == "data":
             return _describe_data(experiment, Path(args.out))
@@ -307,7 +323,7 @@ def _interrupted(err: Interrupted, resume: str, out: str | Path) -> int:
     return err.exit_code
 
 
-def _error(err: Exception, code: int = 2) -> int:
+def _error(err: Exception | str, code: int = 2) -> int:
     print(f"fedjax-het: {err}", file=sys.stderr)
     return code
 
@@ -383,13 +399,6 @@ def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace
     from fedjax_het.system import flhetbench, report
     from fedjax_het.training import simulate
 
-    if experiment.system is None:
-        print("fedjax-het: config error: hetero describe needs a [system] or [policy] table",
-              file=sys.stderr)
-        return 2
-    if args.mc_rounds < 1 or args.mc_trips < 1:
-        print("fedjax-het: --mc-rounds and --mc-trips must be >= 1", file=sys.stderr)
-        return 2
     config = experiment.config
     key = rng.seed_key(config["seed"])
     plans = simulate.plan_run(
@@ -410,9 +419,14 @@ def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace
 
 
 def _default_out(config: dict, prefix: str = "") -> str:
+    """``runs/<prefix><data>-<algorithm>-<time>``, with ``-2``, ``-3``... if that exists."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{prefix}{config['data']['name']}-{config['algorithm']['name']}-{stamp}"
-    return str(Path("runs") / name)
+    base = Path("runs") / f"{prefix}{config['data']['name']}-{config['algorithm']['name']}-{stamp}"
+    out, copy = base, 1
+    while out.exists():
+        copy += 1
+        out = base.with_name(f"{base.name}-{copy}")
+    return str(out)
 
 
 if __name__ == "__main__":

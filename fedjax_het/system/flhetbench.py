@@ -274,13 +274,13 @@ def _t(profiles: ClientProfiles, key: PRNGKey, mc, steps_needed=0) -> jax.Array:
 
 
 def _mean_over_costs(metric, profiles, key, mc, costs) -> jax.Array:
-    """Mean of ``metric`` with every client at a fixed cost, over ``costs`` (one compile)."""
+    """Mean of ``metric`` with every client at a fixed cost, over ``costs`` (one program:
+    the runs at each cost are one ``vmap``, not a copy of the run per cost)."""
     mc = dataclasses.replace(mc or MonteCarlo(), payload=0.0)
-    values = [
-        metric(_mc_profiles(profiles, traces=True, cost=costs[i]), key, mc, steps_needed=1)
-        for i in range(costs.shape[0])
-    ]
-    return jnp.mean(jnp.stack(values))
+    values = jax.vmap(
+        lambda cost: metric(_mc_profiles(profiles, traces=True, cost=cost), key, mc, steps_needed=1)
+    )(jnp.asarray(costs))
+    return jnp.mean(values)
 
 
 def _cost_grid(costs, first: float, last) -> jax.Array:

@@ -34,13 +34,18 @@ METRICS = {
 def heterogeneity_metrics(
     profiles: ClientProfiles, *, key: jax.Array, mc: flhetbench.MonteCarlo
 ) -> dict[str, float]:
-    """The six FLHetBench metrics of ``profiles``; state metrics need availability traces."""
+    """The six FLHetBench metrics of ``profiles``; state metrics need availability traces.
+
+    Called eagerly, not under one ``jit``: each metric's run is a jitted program of its
+    own, so DevMC and InterMC share the R run's and the T run's compiled programs (only
+    their inputs differ), and StatMC compiles its ``vmap`` over costs once.
+    """
     has_traces = bool(np.any(np.asarray(profiles.trace) != ALWAYS))
     out = {}
     for name, metric in METRICS.items():
         if name.startswith("Stat") and not has_traces:
             continue  # every client always available: no state heterogeneity to measure
-        out[name] = float(jax.jit(metric, static_argnames="mc")(profiles, key=key, mc=mc))
+        out[name] = float(metric(profiles, key=key, mc=mc))
     return out
 
 
