@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ from fedjax_het.engine.algorithm import (
     LocalContext,
     require_model_delta,
 )
-from fedjax_het.transforms.compression import at_least_float32, pairwise_sum
+from fedjax_het.transforms.compressor import at_least_float32, pairwise_sum
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree, ServerState, Update
 
 ORDERS = tuple(range(2, 257))  # integer Rényi orders: exact for both sampling events
@@ -112,6 +113,40 @@ def private(
         raise ValueError(f"count_noise must be > 0, got {count_noise}")
     noise_range = Interval(0.0, 2 * sigma_b, closed_high=False) if adaptive else NON_NEGATIVE
 
+    def server_init(params: Params, hyper: Hyper, num_clients: int) -> PrivateState:
+        return PrivateState(algorithm.server_init(params, hyper, num_clients), hyper["dp_clip"])
+
+    adaptive_hyper = (("dp_quantile", float(target_quantile)), ("dp_clip_lr", float(clip_lr)))
+    return dataclasses.replace(
+        algorithm,
+        name=f"dp({algorithm.name})",
+        hyper_defaults=(*algorithm.hyper_defaults, ("dp_clip", float(clip_norm)),
+                        ("dp_noise", float(noise_multiplier)),
+                        *(adaptive_hyper if adaptive else ())),
+        hyper_ranges=(*algorithm.hyper_ranges, ("dp_clip", POSITIVE), ("dp_noise", noise_range),
+                      *((("dp_quantile", UNIT), ("dp_clip_lr", POSITIVE)) if adaptive else ())),
+        server_init=server_init,
+        broadcast=lambda state: (algorithm.broadcast(state.inner), state.clip),
+        **_clipping_clients(algorithm),
+        aggregator=clipped_sum(),
+        server_update=_noised_server_update(
+            algorithm, cohort_size=cohort_size, sigma_b=sigma_b, adaptive=adaptive
+        ),
+        global_params=lambda state: algorithm.global_params(state.inner),
+        personal_params=None if algorithm.personal_params is None
+        else lambda state, client: algorithm.personal_params(state.inner, client),
+        server_metrics=lambda state: {
+            "clip_norm": state.clip,
+            **(algorithm.server_metrics(state.inner) if algorithm.server_metrics else {}),
+        },
+        report=_privacy_report(cohort_size=cohort_size, delta=delta, adaptive=adaptive),
+    )  # fmt: skip
+
+
+def _clipping_clients(algorithm: FederatedAlgorithm) -> dict[str, Callable]:
+    """DP-FedAvg's client side: ``algorithm``'s own on the broadcast model, its update clipped
+    to the broadcast clip norm (``client_start``, ``local_loss`` and ``client_finalize``)."""
+
     def inner(ctx: LocalContext) -> LocalContext:
         return ctx.replace(broadcast=ctx.broadcast[0])
 
@@ -130,8 +165,15 @@ def private(
         bound = ctx.broadcast[1]
         return ClippedUpdate(clip(update, bound), norm(update) <= bound), state
 
-    def server_init(params: Params, hyper: Hyper, num_clients: int) -> PrivateState:
-        return PrivateState(algorithm.server_init(params, hyper, num_clients), hyper["dp_clip"])
+    return {"client_start": client_start, "local_loss": local_loss,
+            "client_finalize": client_finalize}  # fmt: skip
+
+
+def _noised_server_update(
+    algorithm: FederatedAlgorithm, *, cohort_size: int, sigma_b: float, adaptive: bool
+) -> Callable:
+    """DP-FedAvg's server update: ``algorithm``'s on the noised mean of the clipped sum; with
+    ``adaptive``, then the clip norm's geometric step towards the target quantile."""
 
     def server_update(
         state: PrivateState, total: ClippedUpdate, hyper: Hyper, key: PRNGKey | None = None
@@ -151,6 +193,12 @@ def private(
         step = hyper["dp_clip_lr"] * (count / cohort_size - hyper["dp_quantile"])
         return PrivateState(inner_state, bound * jnp.exp(-step))
 
+    return server_update
+
+
+def _privacy_report(*, cohort_size: int, delta: float, adaptive: bool) -> Callable:
+    """The ``report`` of a run: the privacy its ``rounds`` spent, and the settings assumed."""
+
     def report(hyper: dict[str, float], num_clients: int, rounds: int) -> dict:
         z = hyper["dp_noise"]
         spent = {
@@ -162,31 +210,7 @@ def private(
                             "clip_norm": hyper["dp_clip"], "adaptive": adaptive,
                             "rounds": rounds, "sampling_rate": cohort_size / num_clients}}  # fmt: skip
 
-    adaptive_hyper = (("dp_quantile", float(target_quantile)), ("dp_clip_lr", float(clip_lr)))
-    return dataclasses.replace(
-        algorithm,
-        name=f"dp({algorithm.name})",
-        hyper_defaults=(*algorithm.hyper_defaults, ("dp_clip", float(clip_norm)),
-                        ("dp_noise", float(noise_multiplier)),
-                        *(adaptive_hyper if adaptive else ())),
-        hyper_ranges=(*algorithm.hyper_ranges, ("dp_clip", POSITIVE), ("dp_noise", noise_range),
-                      *((("dp_quantile", UNIT), ("dp_clip_lr", POSITIVE)) if adaptive else ())),
-        server_init=server_init,
-        broadcast=lambda state: (algorithm.broadcast(state.inner), state.clip),
-        client_start=client_start,
-        local_loss=local_loss,
-        client_finalize=client_finalize,
-        aggregator=clipped_sum(),
-        server_update=server_update,
-        global_params=lambda state: algorithm.global_params(state.inner),
-        personal_params=None if algorithm.personal_params is None
-        else lambda state, client: algorithm.personal_params(state.inner, client),
-        server_metrics=lambda state: {
-            "clip_norm": state.clip,
-            **(algorithm.server_metrics(state.inner) if algorithm.server_metrics else {}),
-        },
-        report=report,
-    )  # fmt: skip
+    return report
 
 
 def options(
