@@ -16,7 +16,7 @@ not already running"); when none is, the slot waits until the next moment
 one of them becomes ready (FLHetBench advances its clock in 20 s steps; this
 jumps to the exact time). A task downloads the current model (version
 ``v``), trains the client's steps and uploads, all in ready seconds, exactly
-as a synchronous slot does (``schedule._client_work`` and ``_gate``: work
+as a synchronous slot does (``slot_timing.time_slots``: work
 pauses while the device is not ready, or is lost when its ready interval
 ends, and the client drops out with probability ``dropout[k]`` per task at a
 uniform point of its work). A failed task frees its slot at the failure
@@ -46,6 +46,9 @@ out; training keys use the task index the same way (``EventSchedule.task``).
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,9 +56,10 @@ from flax import struct
 
 from fedjax_het import rng
 from fedjax_het.system import availability as avail
-from fedjax_het.system.policy import ON_UNAVAILABLE, wait_all
+from fedjax_het.system.policy import ON_UNAVAILABLE, RoundPolicy, wait_all
 from fedjax_het.system.profiles import ClientProfiles
-from fedjax_het.system.schedule import EMPTY, OK, _client_work, _gate, _per_client
+from fedjax_het.system.schedule_row import EMPTY, OK
+from fedjax_het.system.slot_timing import per_client, time_slots
 from fedjax_het.typing import PRNGKey
 
 
@@ -261,120 +265,18 @@ def async_schedule(
     if c > n:
         raise ValueError(f"concurrency ({c}) must not exceed the number of clients ({n})")
     dtype = profiles.step_time.dtype
-    max_pops = 64 * (c + k) if max_pops is None else max_pops
-    needed = _per_client(steps_needed, n, "steps_needed", jnp.int32)
-    bytes_down = _per_client(payload_down, n, "payload_down", dtype)
-    bytes_up = _per_client(payload_up, n, "payload_up", dtype)
-    av = avail.queryable(profiles.availability)
-    timing = wait_all(on_unavailable=server.on_unavailable)  # whole tasks, no deadline
-    dispatch_stream = rng.stream(key, "dispatch")
-    everyone = jnp.arange(n, dtype=jnp.int32)
-
-    def dispatch(state: _Server, slot: jax.Array, t: jax.Array) -> _Server:
-        """Starts a task on ``slot`` at ``t``, or leaves it waiting for a client to become ready."""
-        ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(av, profiles.trace, t)
-        eligible = ready & ~state.busy
-        key_d = rng.round_key(dispatch_stream, state.tasks)
-        scores = jax.random.uniform(rng.stream(key_d, "select"), (n,))
-        client = jnp.argmax(jnp.where(eligible, scores, -1.0)).astype(jnp.int32)
-        ids = client[None]
-        down, _, _, work, drops, drop_progress = _client_work(
-            profiles, timing, key_d, ids, needed[ids], bytes_down[ids], bytes_up[ids]
-        )
-        done, fail, fail_progress = _gate(
-            timing, av, profiles.trace[ids], jnp.full((1,), t, dtype), work, drops, drop_progress
-        )
-        fails = jnp.isfinite(fail[0])
-        started = jnp.any(eligible)
-        idle = ~state.busy & ~ready
-        wake = jnp.min(jnp.where(
-            idle, jax.vmap(avail.next_ready, in_axes=(None, 0, None))(av, profiles.trace, t), jnp.inf
-        ))
-        s = state.slots
-        put = lambda field, value, wait: field.at[slot].set(jnp.where(started, value, wait))
-        slots = _Slots(
-            active=s.active.at[slot].set(started),
-            client=put(s.client, client, s.client[slot]),
-            version=put(s.version, state.version, s.version[slot]),
-            task=put(s.task, state.tasks, s.task[slot]),
-            steps=put(s.steps, needed[client], 0),
-            end=put(s.end, t + jnp.where(fails, fail[0], done[0]), wake),
-            ok=put(s.ok, ~fails, False),
-            down=put(s.down, jnp.where(~fails | (fail_progress[0] >= down[0]),
-                                       bytes_down[client], 0.0), 0.0),
-            up=put(s.up, jnp.where(fails, 0.0, bytes_up[client]), 0.0),
-        )
-        return state.replace(
-            tasks=state.tasks + started.astype(jnp.int32),
-            busy=state.busy | ((everyone == client) & started),
-            slots=slots,
-        )
-
-    def pop(carry):
-        state, buf = carry
-        s = state.slots
-        slot = jnp.argmin(s.end).astype(jnp.int32)
-        t = s.end[slot]
-        active = s.active[slot]
-        arrives = active & s.ok[slot]
-        accept = arrives & (state.version - s.version[slot] <= server.max_staleness)
-        at = jnp.minimum(buf.size, k - 1)
-        keep = lambda field, value: field.at[at].set(jnp.where(accept, value, field[at]))
-        buf = buf.replace(
-            size=buf.size + accept.astype(jnp.int32),
-            client=keep(buf.client, s.client[slot]),
-            version=keep(buf.version, s.version[slot]),
-            task=keep(buf.task, s.task[slot]),
-            steps=keep(buf.steps, s.steps[slot]),
-            arrival=keep(buf.arrival, t),
-            dropped=buf.dropped + (active & ~s.ok[slot]).astype(jnp.int32),
-            discarded=buf.discarded + (arrives & ~accept).astype(jnp.int32),
-            bytes_down=buf.bytes_down + jnp.where(active, s.down[slot], 0.0),
-            bytes_up=buf.bytes_up + jnp.where(arrives, s.up[slot], 0.0),
-            pops=buf.pops + 1,
-        )
-        state = state.replace(
-            clock=t,
-            busy=state.busy & ~((everyone == s.client[slot]) & active),
-            slots=s.replace(active=s.active.at[slot].set(False)),
-        )
-        full = buf.size == k
-        tasks_before = state.tasks
-        state = jax.lax.cond(
-            full,
-            # The K-th arrival: the slot restarts after the aggregation, from the new version.
-            lambda st: st.replace(slots=st.slots.replace(end=st.slots.end.at[slot].set(t))),
-            lambda st: dispatch(st, slot, t),
-            state,
-        )
-        return state, buf.replace(dispatched=buf.dispatched + state.tasks - tasks_before)
-
-    def going(carry):
-        state, buf = carry
-        return (buf.size < k) & jnp.isfinite(jnp.min(state.slots.end)) & (buf.pops < max_pops)
-
-    def one_event(state: _Server, _):
-        zeros_k = jnp.zeros((k,), jnp.int32)
-        buf = _Buffer(
-            size=jnp.int32(0), client=zeros_k, version=zeros_k, task=zeros_k, steps=zeros_k,
-            arrival=jnp.zeros((k,), dtype), dropped=jnp.int32(0), discarded=jnp.int32(0),
-            dispatched=jnp.int32(0), bytes_down=jnp.zeros((), dtype),
-            bytes_up=jnp.zeros((), dtype), pops=jnp.int32(0),
-        )
-        before = state.clock
-        state, buf = jax.lax.while_loop(going, pop, (state, buf))
-        valid = jnp.arange(k) < buf.size
-        row = EventSchedule(
-            selected=buf.client, valid=valid,
-            outcome=jnp.where(valid, OK, EMPTY).astype(jnp.int32),
-            steps_done=jnp.where(valid, buf.steps, 0), version=buf.version, task=buf.task,
-            arrival=buf.arrival, start=before, duration=state.clock - before, clock=state.clock,
-            dropped=buf.dropped, discarded=buf.discarded, dispatched=buf.dispatched,
-            in_flight=jnp.sum(state.slots.active).astype(jnp.int32),
-            bytes_down=buf.bytes_down, bytes_up=buf.bytes_up, stalled=buf.size < k,
-        )
-        return state.replace(version=state.version + 1), row
-
+    run = _Run(
+        profiles=profiles,
+        server=server,
+        max_pops=64 * (c + k) if max_pops is None else max_pops,
+        needed=per_client(steps_needed, n, "steps_needed", jnp.int32),
+        bytes_down=per_client(payload_down, n, "payload_down", dtype),
+        bytes_up=per_client(payload_up, n, "payload_up", dtype),
+        av=avail.queryable(profiles.availability),
+        timing=wait_all(on_unavailable=server.on_unavailable),  # whole tasks, no deadline
+        dispatch_stream=rng.stream(key, "dispatch"),
+        everyone=jnp.arange(n, dtype=jnp.int32),
+    )
     start = jnp.asarray(server.start, dtype)
     zeros_c = jnp.zeros((c,), jnp.int32)
     state = _Server(
@@ -384,9 +286,145 @@ def async_schedule(
             steps=zeros_c, end=jnp.full((c,), start), ok=jnp.zeros((c,), bool),
             down=jnp.zeros((c,), dtype), up=jnp.zeros((c,), dtype),
         ),
-    )
-    _, rows = jax.lax.scan(one_event, state, None, length=events)
+    )  # fmt: skip
+    _, rows = jax.lax.scan(functools.partial(_one_event, run), state, None, length=events)
     return rows
+
+
+class _Run(NamedTuple):
+    """What every step of ``async_schedule``'s scan reads: the population and the server."""
+
+    profiles: ClientProfiles
+    server: AsyncServer
+    max_pops: int
+    needed: jax.Array  # [N] local steps of each client's task
+    bytes_down: jax.Array  # [N]
+    bytes_up: jax.Array  # [N]
+    av: avail.Availability  # queryable
+    timing: RoundPolicy  # how a task's work meets the device's availability
+    dispatch_stream: PRNGKey
+    everyone: jax.Array  # [N] client ids
+
+
+def _dispatch(run: _Run, state: _Server, slot: jax.Array, t: jax.Array) -> _Server:
+    """Starts a task on ``slot`` at ``t``, or leaves it waiting for a client to become ready."""
+    profiles, av, n = run.profiles, run.av, run.profiles.num_clients
+    ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(av, profiles.trace, t)
+    eligible = ready & ~state.busy
+    key_d = rng.round_key(run.dispatch_stream, state.tasks)
+    scores = jax.random.uniform(rng.stream(key_d, "select"), (n,))
+    client = jnp.argmax(jnp.where(eligible, scores, -1.0)).astype(jnp.int32)
+    ids = client[None]
+    task = time_slots(
+        profiles, run.timing, key_d, ids, av, jnp.full((1,), t, profiles.step_time.dtype),
+        needed=run.needed[ids], bytes_down=run.bytes_down[ids], bytes_up=run.bytes_up[ids],
+    )  # fmt: skip
+    fails = jnp.isfinite(task.fail[0])
+    started = jnp.any(eligible)
+    idle = ~state.busy & ~ready
+    wake = jnp.min(jnp.where(
+        idle, jax.vmap(avail.next_ready, in_axes=(None, 0, None))(av, profiles.trace, t), jnp.inf
+    ))  # fmt: skip
+    s = state.slots
+    put = lambda field, value, wait: field.at[slot].set(jnp.where(started, value, wait))
+    slots = _Slots(
+        active=s.active.at[slot].set(started),
+        client=put(s.client, client, s.client[slot]),
+        version=put(s.version, state.version, s.version[slot]),
+        task=put(s.task, state.tasks, s.task[slot]),
+        steps=put(s.steps, run.needed[client], 0),
+        end=put(s.end, t + jnp.where(fails, task.fail[0], task.done[0]), wake),
+        ok=put(s.ok, ~fails, False),
+        down=put(s.down, jnp.where(~fails | (task.fail_progress[0] >= task.down[0]),
+                                   run.bytes_down[client], 0.0), 0.0),
+        up=put(s.up, jnp.where(fails, 0.0, run.bytes_up[client]), 0.0),
+    )  # fmt: skip
+    return state.replace(
+        tasks=state.tasks + started.astype(jnp.int32),
+        busy=state.busy | ((run.everyone == client) & started),
+        slots=slots,
+    )
+
+
+def _pop(run: _Run, carry: tuple[_Server, _Buffer]) -> tuple[_Server, _Buffer]:
+    """The earliest task ending: its arrival enters the buffer (or is discarded, or it failed),
+    and its slot starts the next task (after the aggregation, when the buffer is full)."""
+    state, buf = carry
+    k = run.server.buffer_size
+    s = state.slots
+    slot = jnp.argmin(s.end).astype(jnp.int32)
+    t = s.end[slot]
+    active = s.active[slot]
+    arrives = active & s.ok[slot]
+    accept = arrives & (state.version - s.version[slot] <= run.server.max_staleness)
+    at = jnp.minimum(buf.size, k - 1)
+    keep = lambda field, value: field.at[at].set(jnp.where(accept, value, field[at]))
+    buf = buf.replace(
+        size=buf.size + accept.astype(jnp.int32),
+        client=keep(buf.client, s.client[slot]),
+        version=keep(buf.version, s.version[slot]),
+        task=keep(buf.task, s.task[slot]),
+        steps=keep(buf.steps, s.steps[slot]),
+        arrival=keep(buf.arrival, t),
+        dropped=buf.dropped + (active & ~s.ok[slot]).astype(jnp.int32),
+        discarded=buf.discarded + (arrives & ~accept).astype(jnp.int32),
+        bytes_down=buf.bytes_down + jnp.where(active, s.down[slot], 0.0),
+        bytes_up=buf.bytes_up + jnp.where(arrives, s.up[slot], 0.0),
+        pops=buf.pops + 1,
+    )
+    state = state.replace(
+        clock=t,
+        busy=state.busy & ~((run.everyone == s.client[slot]) & active),
+        slots=s.replace(active=s.active.at[slot].set(False)),
+    )
+    full = buf.size == k
+    tasks_before = state.tasks
+    state = jax.lax.cond(
+        full,
+        # The K-th arrival: the slot restarts after the aggregation, from the new version.
+        lambda st: st.replace(slots=st.slots.replace(end=st.slots.end.at[slot].set(t))),
+        lambda st: _dispatch(run, st, slot, t),
+        state,
+    )
+    return state, buf.replace(dispatched=buf.dispatched + state.tasks - tasks_before)
+
+
+def _going(run: _Run, carry: tuple[_Server, _Buffer]) -> jax.Array:
+    """Whether the event goes on: its buffer is not full, a task can still end, and it has
+    not run out of pops."""
+    state, buf = carry
+    return (
+        (buf.size < run.server.buffer_size)
+        & jnp.isfinite(jnp.min(state.slots.end))
+        & (buf.pops < run.max_pops)
+    )
+
+
+def _one_event(run: _Run, state: _Server, _) -> tuple[_Server, EventSchedule]:
+    """Task endings until the buffer holds K updates: the server's next event and its row."""
+    k, dtype = run.server.buffer_size, run.profiles.step_time.dtype
+    zeros_k = jnp.zeros((k,), jnp.int32)
+    buf = _Buffer(
+        size=jnp.int32(0), client=zeros_k, version=zeros_k, task=zeros_k, steps=zeros_k,
+        arrival=jnp.zeros((k,), dtype), dropped=jnp.int32(0), discarded=jnp.int32(0),
+        dispatched=jnp.int32(0), bytes_down=jnp.zeros((), dtype),
+        bytes_up=jnp.zeros((), dtype), pops=jnp.int32(0),
+    )  # fmt: skip
+    before = state.clock
+    state, buf = jax.lax.while_loop(
+        functools.partial(_going, run), functools.partial(_pop, run), (state, buf)
+    )
+    valid = jnp.arange(k) < buf.size
+    row = EventSchedule(
+        selected=buf.client, valid=valid,
+        outcome=jnp.where(valid, OK, EMPTY).astype(jnp.int32),
+        steps_done=jnp.where(valid, buf.steps, 0), version=buf.version, task=buf.task,
+        arrival=buf.arrival, start=before, duration=state.clock - before, clock=state.clock,
+        dropped=buf.dropped, discarded=buf.discarded, dispatched=buf.dispatched,
+        in_flight=jnp.sum(state.slots.active).astype(jnp.int32),
+        bytes_down=buf.bytes_down, bytes_up=buf.bytes_up, stalled=buf.size < k,
+    )  # fmt: skip
+    return state.replace(version=state.version + 1), row
 
 
 def staleness(schedule: EventSchedule) -> jax.Array:

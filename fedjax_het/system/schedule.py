@@ -46,6 +46,11 @@ the same key and sampler select the same cohorts), and each client's speeds
 and dropout use ``fold_in(stream, client_id)`` on the ``"download"``,
 ``"upload"`` and ``"dropout"`` streams, so nothing depends on slot order.
 
+The parts live beside this module, their names importable from here too:
+the rows and outcome codes (``schedule_row``), selection (``selection``),
+each slot's work and when it ends (``slot_timing``) and stale tasks
+(``stale_tasks``).
+
 >>> import jax
 >>> from fedjax_het.system import policy as policies, profiles as prof
 >>> clients = prof.uniform_profiles(8, step_time=0.5, bandwidth=1e6)
@@ -61,195 +66,41 @@ and dropout use ``fold_in(stream, client_id)`` on the ``"download"``,
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from fedjax_het import rng
 from fedjax_het.system import availability as avail
 from fedjax_het.system.policy import KINDS, RoundPolicy, num_selected, round_end
-from fedjax_het.system.profiles import ClientProfiles, transfer_time
+from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.sampler import Sampler
+from fedjax_het.system.schedule_row import (
+    DROPPED,
+    EMPTY,
+    LATE,
+    OK,
+    OUTCOMES,
+    UNAVAILABLE,
+    Schedule,
+)
+from fedjax_het.system.selection import SelectFn, as_select_fn, sampler_select, select_among_ready
+from fedjax_het.system.slot_timing import (
+    SlotTiming,
+    per_client,
+    query_slots,
+    ready_seconds_until,
+    steps_within,
+    time_slots,
+)
+from fedjax_het.system.stale_tasks import no_pending, stale_round
 from fedjax_het.typing import PRNGKey
 
-OK, UNAVAILABLE, LATE, DROPPED, EMPTY = 0, 1, 2, 3, 4
-OUTCOMES = ("ok", "unavailable", "late", "dropped", "empty")  # names, indexed by code
-
-
-@struct.dataclass
-class Schedule:
-    """The timing of ``R`` rounds with ``m`` slots each (one round: no ``R`` axis).
-
-    Attributes:
-      selected: int32 ``[R, m]`` client id in each slot (arbitrary where not valid).
-      valid: bool ``[R, m]`` the slot holds a selected client.
-      outcome: int32 ``[R, m]`` OK, UNAVAILABLE, LATE, DROPPED or EMPTY.
-      steps_done: int32 ``[R, m]`` local steps completed (compute spent; aggregate only OK).
-      version: int32 ``[R, m]`` global-model version the slot trains from (= round here).
-      start: ``[R]`` virtual time the round starts.
-      duration: ``[R]`` round duration, server overhead included.
-      clock: ``[R]`` virtual time at the end of the round, ``start + duration``.
-      finish: ``[R, m]`` seconds after ``start`` when the slot finished or gave up.
-      bytes_down: ``[R, m]`` bytes downloaded (a transfer counts once complete).
-      bytes_up: ``[R, m]`` bytes uploaded (0 when the client never finished).
-    """
-
-    selected: jax.Array
-    valid: jax.Array
-    outcome: jax.Array
-    steps_done: jax.Array
-    version: jax.Array
-    start: jax.Array
-    duration: jax.Array
-    clock: jax.Array
-    finish: jax.Array
-    bytes_down: jax.Array
-    bytes_up: jax.Array
-
-
-# ``(key, round_idx, ready bool [N]) -> (ids int32 [S], valid bool [S])``. ``key`` is already
-# the round's "select" stream; ``ready`` is all True unless the policy is availability-aware.
-SelectFn = Callable[[PRNGKey, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-
-
-def select_among_ready(num_clients: int, num_slots: int) -> SelectFn:
-    """Uniform selection of ``min(num_slots, #ready)`` clients among the ready ones.
-
-    FLHetBench's selection (notes §3.2, §4.2): every ready client is equally
-    likely; slots beyond the number of ready clients are EMPTY.
-    """
-    if not 1 <= num_slots <= num_clients:
-        raise ValueError(f"num_slots must be in [1, num_clients={num_clients}], got {num_slots}")
-
-    def select(key: PRNGKey, round_idx: jax.Array, ready: jax.Array):
-        del round_idx  # the key is already fold_in(seed, round)
-        priority = jnp.where(ready, jax.random.uniform(key, (num_clients,)), 2.0)
-        ids = jnp.argsort(priority)[:num_slots].astype(jnp.int32)
-        return ids, jnp.arange(num_slots) < jnp.sum(ready)
-
-    return select
-
-
-def sampler_select(sampler: Sampler) -> SelectFn:
-    """A ``Sampler`` as a ``SelectFn``.
-
-    A sampler does not see readiness: under availability-aware selection the
-    clients it draws that are not ready are left out (EMPTY slots), so a round
-    may have fewer than ``cohort_size`` clients. For FLHetBench's "pick among
-    the ready" use ``select_among_ready``.
-    """
-
-    def select(key: PRNGKey, round_idx: jax.Array, ready: jax.Array):
-        ids = sampler.select(key, round_idx).astype(jnp.int32)
-        return ids, ready[ids]
-
-    return select
-
-
-def _per_client(value, num_clients: int, name: str, dtype) -> jax.Array:
-    """A scalar or ``[N]`` per-client quantity as ``[N]``."""
-    value = jnp.asarray(value, dtype)
-    if value.shape not in ((), (num_clients,)):
-        raise ValueError(
-            f"{name} must be a scalar or have shape ({num_clients},), got {value.shape}"
-        )
-    return jnp.broadcast_to(value, (num_clients,))
-
-
-def _query(fn, av, *per_slot):
-    """The availability query ``fn(av, *args)`` over the leading axis of every argument.
-
-    Queries are batched (both halves of a round in one call) because each is a
-    bisection loop, and loops dominate the compile time of a round.
-    """
-    return jax.vmap(fn, in_axes=(None,) + (0,) * len(per_slot))(av, *per_slot)
-
-
-def _pair(a, b):
-    return jnp.concatenate([a, b])
-
-
-def _client_keys(key_r: PRNGKey, ids) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-slot keys ``fold_in(stream(round key, name), client_id)`` for each name.
-
-    The names are "download", "upload" and "dropout"; the keys are derived in one batch.
-    """
-    streams = jnp.stack([rng.stream(key_r, name) for name in ("download", "upload", "dropout")])
-    keys = jax.vmap(jax.vmap(rng.client_key, in_axes=(None, 0)), in_axes=(0, None))(streams, ids)
-    return keys[0], keys[1], keys[2]
-
-
-def _transfer_times(keys_down, keys_up, profiles: ClientProfiles, ids, bytes_down, bytes_up):
-    """Download and upload seconds of every slot, each speed drawn afresh (one batched call)."""
-    seconds = jax.vmap(transfer_time)(
-        _pair(keys_down, keys_up),
-        _pair(bytes_down, bytes_up),
-        _pair(profiles.down_mean[ids], profiles.up_mean[ids]),
-        _pair(profiles.down_std[ids], profiles.up_std[ids]),
-    )
-    return jnp.split(seconds, 2)
-
-
-def _steps_within(seconds, step_time, limit) -> jax.Array:
-    """Whole steps of ``step_time`` that fit in ``seconds``, in ``[0, limit]``."""
-    safe = jnp.where(step_time > 0, step_time, 1.0)
-    fit = jnp.clip(jnp.floor(seconds / safe), 0, limit)
-    fit = jnp.where(step_time > 0, fit, jnp.where(seconds >= 0, limit, 0))
-    return fit.astype(jnp.int32)
-
-
-def _client_work(profiles, policy, key_r, ids, needed, bytes_down, bytes_up):
-    """Each slot's transfers and planned steps, its work in ready seconds, and its dropout.
-
-    Returns ``(down, planned, eligible, work, drops, drop_progress)``: download
-    seconds, local steps planned (fewer than needed only for partial deadline
-    work), whether the plan can count (at least one step when any is needed),
-    the total work, whether the client drops out, and after how much work.
-    """
-    keys_down, keys_up, keys_drop = _client_keys(key_r, ids)
-    down, up = _transfer_times(keys_down, keys_up, profiles, ids, bytes_down, bytes_up)
-    step_time = profiles.step_time[ids]
-    if policy.kind == "deadline" and policy.on_late == "partial":
-        planned = _steps_within(policy.deadline - down - up, step_time, needed)
-    else:
-        planned = needed
-    work = down + planned * step_time + up
-    draws = jax.vmap(lambda k: jax.random.uniform(k, (2,), work.dtype))(keys_drop)
-    drops = draws[:, 0] < profiles.dropout[ids]
-    # The drop point is uniform over the work, in ready seconds.
-    return down, planned, planned >= jnp.minimum(needed, 1), work, drops, draws[:, 1] * work
-
-
-def _gate(policy, av, trace, t0s, work, drops, drop_progress):
-    """The work on the device's availability: ``(done, fail, fail_progress)``.
-
-    ``done``: seconds after ``t0`` the work would finish; ``fail``: seconds
-    after ``t0`` the client fails (drop, or loss under "lost"), inf if it does
-    not; ``fail_progress``: the ready seconds of work done by then.
-    """
-    always = trace == avail.ALWAYS
-    t0 = t0s[0]
-    if policy.on_unavailable == "pause":  # progress only while ready (F_i(t, d))
-        ready_work = _pair(work, drop_progress)
-        finish = _query(avail.finish_time, av, _pair(trace, trace), _pair(t0s, t0s), ready_work)
-        done, to_drop = jnp.split(jnp.where(_pair(always, always), ready_work, finish - t0), 2)
-        return done, jnp.where(drops, to_drop, jnp.inf), drop_progress
-    room = _query(avail.ready_until, av, trace, t0s) - t0  # lost when the interval ends
-    fail = jnp.minimum(
-        jnp.where(drops, drop_progress, jnp.inf), jnp.where(work > room, room, jnp.inf)
-    )
-    return work, fail, fail  # ready until the failure: its wall time is its progress
-
-
-def _ready_seconds_until(policy, av, trace, t0s, end):
-    """Ready seconds each slot had in ``[t0, t0 + end]`` (the progress of a LATE client)."""
-    if policy.on_unavailable == "lost":  # a client still running was ready all along
-        return jnp.broadcast_to(end, t0s.shape)
-    seconds = _query(avail.ready_seconds, av, _pair(trace, trace), _pair(t0s + end, t0s))
-    since_t0 = seconds[: trace.shape[0]] - seconds[trace.shape[0] :]
-    return jnp.where(trace == avail.ALWAYS, end, since_t0)
+__all__ = [
+    "DROPPED", "EMPTY", "LATE", "OK", "OUTCOMES", "UNAVAILABLE", "Schedule", "SelectFn",
+    "as_select_fn", "plan_round", "sampler_select", "schedule", "schedule_round",
+    "select_among_ready",
+]  # fmt: skip
 
 
 def schedule_round(
@@ -297,60 +148,75 @@ def schedule_round(
     start = jnp.asarray(start, dtype)
     overhead = policy.overhead.astype(dtype)
     t0s = jnp.full((num_slots,), start + overhead)
-    started = valid & _query(avail.is_ready, av, trace, t0s)
-
-    bytes_down = _per_client(payload_down, n, "payload_down", dtype)[ids]
-    bytes_up = _per_client(payload_up, n, "payload_up", dtype)[ids]
-    needed = _per_client(steps_needed, n, "steps_needed", jnp.int32)[ids]
-    key_r = rng.round_key(key, round_idx)
-    down, planned, eligible, work, drops, drop_progress = _client_work(
-        profiles, policy, key_r, ids, needed, bytes_down, bytes_up
-    )
-    done, fail, fail_progress = _gate(policy, av, trace, t0s, work, drops, drop_progress)
-    fails = started & jnp.isfinite(fail)
+    started = valid & query_slots(avail.is_ready, av, trace, t0s)
+    slots = time_slots(
+        profiles, policy, rng.round_key(key, round_idx), ids, av, t0s,
+        needed=per_client(steps_needed, n, "steps_needed", jnp.int32)[ids],
+        bytes_down=per_client(payload_down, n, "payload_down", dtype)[ids],
+        bytes_up=per_client(payload_up, n, "payload_up", dtype)[ids],
+    )  # fmt: skip
+    fails = started & jnp.isfinite(slots.fail)
     end, ok = round_end(
-        policy,
-        t0=t0s[0],
-        started=started,
-        finished=started & ~fails,
-        eligible=eligible,
-        done=done,
-        fail=fail,
-        ids=ids,
+        policy, t0=t0s[0], started=started, finished=started & ~fails, eligible=slots.eligible,
+        done=slots.done, fail=slots.fail, ids=ids,
         keep=num_slots if cohort_size is None else cohort_size,
-    )
-    dropped = fails & (fail <= end)
+    )  # fmt: skip
+    row, late = _row(
+        policy, av, trace, t0s, profiles.step_time[ids], slots, ids=ids, valid=valid,
+        round_idx=round_idx, start=start, overhead=overhead, end=end, started=started,
+        fails=fails, ok=ok,
+    )  # fmt: skip
+    if completion:
+        complete = jnp.where(late & ~fails & slots.eligible, overhead + slots.done, jnp.inf)
+        return row, row.clock, (complete.astype(dtype), slots.planned)
+    return row, row.clock
+
+
+def _row(
+    policy: RoundPolicy,
+    av,
+    trace,
+    t0s,
+    step_time,
+    slots: SlotTiming,
+    *,
+    ids,
+    valid,
+    round_idx,
+    start,
+    overhead,
+    end,
+    started,
+    fails,
+    ok,
+) -> tuple[Schedule, jax.Array]:
+    """The round's ``Schedule`` row once it ends (``end`` seconds after ``t0``, ``ok`` its OK
+    slots), and which slots are LATE."""
+    dropped = fails & (slots.fail <= end)
     late = started & ~ok & ~dropped
-    late_progress = _ready_seconds_until(policy, av, trace, t0s, end)
+    late_progress = ready_seconds_until(policy, av, trace, t0s, end)
+    work = slots.work
     progress = jnp.minimum(
-        work, jnp.where(ok, work, jnp.where(dropped, fail_progress, late * late_progress))
+        work, jnp.where(ok, work, jnp.where(dropped, slots.fail_progress, late * late_progress))
     )
-    stop = jnp.where(ok, done, jnp.where(dropped, fail, late * end))  # seconds after t0
-    steps_done = _steps_within(progress - down, profiles.step_time[ids], planned)
+    stop = jnp.where(ok, slots.done, jnp.where(dropped, slots.fail, late * end))  # after t0
+    steps_done = steps_within(progress - slots.down, step_time, slots.planned)
     row = Schedule(
         selected=ids,
         valid=valid,
         outcome=jnp.select(
             [~valid, ~started, ok, dropped], [EMPTY, UNAVAILABLE, OK, DROPPED], LATE
         ).astype(jnp.int32),
-        steps_done=jnp.where(ok, planned, jnp.where(started, steps_done, 0)),
-        version=jnp.full((num_slots,), round_idx, jnp.int32),
+        steps_done=jnp.where(ok, slots.planned, jnp.where(started, steps_done, 0)),
+        version=jnp.full(ids.shape, round_idx, jnp.int32),
         start=start,
         duration=overhead + end,
         clock=start + (overhead + end),
-        finish=jnp.where(valid, overhead + stop, 0.0).astype(dtype),
-        bytes_down=jnp.where(started & (ok | (progress >= down)), bytes_down, 0.0),
-        bytes_up=jnp.where(started & (ok | (progress >= work)), bytes_up, 0.0),
+        finish=jnp.where(valid, overhead + stop, 0.0).astype(start.dtype),
+        bytes_down=jnp.where(started & (ok | (progress >= slots.down)), slots.bytes_down, 0.0),
+        bytes_up=jnp.where(started & (ok | (progress >= work)), slots.bytes_up, 0.0),
     )
-    if completion:
-        complete = jnp.where(late & ~fails & eligible, overhead + done, jnp.inf).astype(dtype)
-        return row, row.clock, (complete, planned)
-    return row, row.clock
-
-
-def as_select_fn(select: Sampler | SelectFn) -> SelectFn:
-    """A ``Sampler`` through ``sampler_select``; a ``SelectFn`` as it is."""
-    return sampler_select(select) if isinstance(select, Sampler) else select
+    return row, late
 
 
 def plan_round(
@@ -410,71 +276,6 @@ def plan_round(
     )
 
 
-@struct.dataclass
-class _Pending:
-    """Late tasks still working (stale tasks): ``[max_staleness * S]`` each, a block of ``S``
-    slots per origin round ``r`` at block ``r % max_staleness``."""
-
-    client: jax.Array
-    origin: jax.Array
-    arrival: jax.Array  # virtual time the update would arrive
-    steps: jax.Array
-    valid: jax.Array
-
-
-def _stale_round(policy: RoundPolicy, row: Schedule, pending: _Pending, round_idx: jax.Array,
-                 late: tuple[jax.Array, jax.Array], bytes_up: jax.Array, cap: int):
-    """Round ``round_idx``'s row with up to ``cap`` stale arrivals appended, and the pending tasks.
-
-    FLHetBench's synchronous server with stale tasks (notes §4.4): every pending
-    task that has arrived by this round's deadline and is at most
-    ``max_staleness`` rounds old joins the round (trained from its origin
-    round's model: the slot's ``version``), the earliest first, at most ``cap``
-    of them (the rest wait for the next round); older arrivals are dropped.
-    The round ends no earlier than its last stale arrival (and, as before, no
-    later than the deadline). The round's own late tasks then become pending,
-    arriving when their planned steps complete (the full task, notes §8 item
-    15's recommendation, not the end of the phase that overran).
-    """
-    staleness = policy.max_staleness
-    dtype = row.start.dtype
-    deadline_at = row.start + policy.overhead.astype(dtype) + policy.deadline.astype(dtype)
-    age = round_idx - pending.origin
-    arrived = pending.valid & (pending.arrival <= deadline_at)
-    usable = arrived & (age <= staleness)
-    order = jnp.argsort(jnp.where(usable, pending.arrival, jnp.inf))[:cap]
-    take = usable[order]
-    taken = jnp.zeros_like(pending.valid).at[order].set(take)
-    clients = pending.client[order]
-    since_start = pending.arrival[order] - row.start
-    last = jnp.max(jnp.where(take, since_start, 0.0))
-    duration = jnp.maximum(row.duration, last)
-    extended = row.replace(
-        selected=jnp.concatenate([row.selected, clients]),
-        valid=jnp.concatenate([row.valid, take]),
-        outcome=jnp.concatenate([row.outcome, jnp.where(take, OK, EMPTY).astype(jnp.int32)]),
-        steps_done=jnp.concatenate([row.steps_done, jnp.where(take, pending.steps[order], 0)]),
-        version=jnp.concatenate([row.version, pending.origin[order]]),
-        duration=duration,
-        clock=row.start + duration,
-        finish=jnp.concatenate([row.finish, jnp.where(take, since_start, 0.0).astype(dtype)]),
-        bytes_down=jnp.concatenate([row.bytes_down, jnp.zeros((cap,), dtype)]),
-        bytes_up=jnp.concatenate([row.bytes_up, jnp.where(take, bytes_up[clients], 0.0)]),
-    )
-    complete, planned = late
-    width = row.selected.shape[0]
-    block = (round_idx % staleness) * width + jnp.arange(width)
-    still = pending.valid & ~taken & ~(arrived & (age > staleness))
-    pending = _Pending(
-        client=pending.client.at[block].set(row.selected),
-        origin=pending.origin.at[block].set(round_idx),
-        arrival=pending.arrival.at[block].set(row.start + complete),
-        steps=pending.steps.at[block].set(planned),
-        valid=still.at[block].set(jnp.isfinite(complete) & (row.outcome == LATE)),
-    )
-    return extended, pending
-
-
 def schedule(
     profiles: ClientProfiles,
     policy: RoundPolicy,
@@ -507,15 +308,22 @@ def schedule(
     Returns:
       A ``Schedule`` with ``[R]`` and ``[R, S]`` fields; with stale tasks
       (``policy.max_staleness``), ``[R, S + cohort_size]``: the last ``cohort_size``
-      slots hold the round's stale arrivals (``_stale_round``), their ``version`` the
+      slots hold the round's stale arrivals (``stale_tasks.stale_round``), their ``version`` the
       round they started in.
     """
     if rounds < 1 or cohort_size < 1:
         raise ValueError(f"rounds and cohort_size must be >= 1, got {rounds} and {cohort_size}")
     if policy.max_staleness:
         return _schedule_with_stale_tasks(
-            profiles, policy, select, rounds=rounds, cohort_size=cohort_size,
-            steps_needed=steps_needed, payload_down=payload_down, payload_up=payload_up, key=key,
+            profiles,
+            policy,
+            select,
+            rounds=rounds,
+            cohort_size=cohort_size,
+            steps_needed=steps_needed,
+            payload_down=payload_down,
+            payload_up=payload_up,
+            key=key,
         )
 
     def one_round(clock, round_idx):
@@ -539,30 +347,39 @@ def schedule(
 
 
 def _schedule_with_stale_tasks(
-    profiles: ClientProfiles, policy: RoundPolicy, select: Sampler | SelectFn, *, rounds: int,
-    cohort_size: int, steps_needed: jax.Array, payload_down: jax.Array, payload_up: jax.Array,
+    profiles: ClientProfiles,
+    policy: RoundPolicy,
+    select: Sampler | SelectFn,
+    *,
+    rounds: int,
+    cohort_size: int,
+    steps_needed: jax.Array,
+    payload_down: jax.Array,
+    payload_up: jax.Array,
     key: PRNGKey,
 ) -> Schedule:
-    """``schedule`` whose late tasks arrive in later rounds (``_stale_round``)."""
+    """``schedule`` whose late tasks arrive in later rounds (``stale_tasks.stale_round``)."""
     dtype = profiles.step_time.dtype
-    bytes_up = _per_client(payload_up, profiles.num_clients, "payload_up", dtype)
+    bytes_up = per_client(payload_up, profiles.num_clients, "payload_up", dtype)
     plan = functools.partial(
-        plan_round, profiles, policy, select, key=key, cohort_size=cohort_size,
-        steps_needed=steps_needed, payload_down=payload_down, payload_up=payload_up,
+        plan_round,
+        profiles,
+        policy,
+        select,
+        key=key,
+        cohort_size=cohort_size,
+        steps_needed=steps_needed,
+        payload_down=payload_down,
+        payload_up=payload_up,
         completion=True,
     )
     width = jax.eval_shape(lambda: plan(round_idx=jnp.int32(0), start=jnp.zeros((), dtype)))[0]
-    size = policy.max_staleness * width.selected.shape[0]
-    pending = _Pending(
-        client=jnp.zeros((size,), jnp.int32), origin=jnp.zeros((size,), jnp.int32),
-        arrival=jnp.full((size,), jnp.inf, dtype), steps=jnp.zeros((size,), jnp.int32),
-        valid=jnp.zeros((size,), bool),
-    )
+    pending = no_pending(policy.max_staleness * width.selected.shape[0], dtype)
 
     def one_round(carry, round_idx):
         clock, pending = carry
         row, _, late = plan(round_idx=round_idx, start=clock)
-        row, pending = _stale_round(policy, row, pending, round_idx, late, bytes_up, cohort_size)
+        row, pending = stale_round(policy, row, pending, round_idx, late, bytes_up, cohort_size)
         return (row.clock, pending), row
 
     clock0 = jnp.asarray(policy.start, dtype)
