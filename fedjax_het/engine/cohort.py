@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from fedjax_het.engine.algorithm import Aggregator, ClientStats
 from fedjax_het.engine.client_store import ClientStore
 from fedjax_het.engine.local import NO_STEP_LIMIT, ClientTask
+from fedjax_het.engine.reduction import push, root, tree_sum
 from fedjax_het.typing import ClientState, PyTree, Update
 
 ClientFn = Callable[[ClientState, ClientTask], tuple[Update, ClientState, ClientStats]]
@@ -170,49 +171,71 @@ def run_cohort(
       table with the counted slots' rows written) and stats ``[m]``, whose
       ``finite`` says which updates were finite; all in cohort order.
     """
-    m = tasks.client_id.shape[0]
     order = None if steps is None else work_order(tasks, steps)
     if order is not None:
         client_states, tasks, steps = _take((client_states, tasks, steps), order)
-        if table is not None:
-            table = table.replace(rows=table.rows[order])
+        table = None if table is None else table.replace(rows=table.rows[order])
     if mesh is None or mesh.size == 1:
         sums, new_states, stats = _run_chunks(
             client_fn, client_states, tasks, aggregator, chunk, drop_nonfinite, steps, table,
             proportional,
-        )
+        )  # fmt: skip
     else:
         if table is not None:
             raise ValueError("a state table is read in place on one device only; gather instead")
-        per_device = math.ceil(m / mesh.size)
-        # Dealt like cards, slot i to device i % devices, so that every device gets an even
-        # share of the work order (contiguous blocks would give one device the longest).
-        deal = lambda x: _deal(x, per_device, mesh.size)
-        states, padded_tasks, padded_steps = jax.tree.map(
-            deal, _padded(client_states, tasks, steps, per_device * mesh.size)
-        )
-
-        def shard(states, tasks, steps):
-            sums, new_states, stats = _run_chunks(
-                client_fn, states, tasks, aggregator, chunk, drop_nonfinite, steps, None,
-                proportional,
-            )
-            return jax.lax.psum(sums, CLIENTS), new_states, stats
-
-        sharded = P(CLIENTS)
-        # check_vma off: user algorithms may hold custom derivatives (SCAFFOLD's
-        # gradient_term) whose primal outputs do not carry the device-varying type.
-        sums, new_states, stats = jax.shard_map(
-            shard, mesh=mesh, in_specs=(sharded, sharded, sharded),
-            out_specs=(P(), sharded, sharded), check_vma=False,
-        )(states, padded_tasks, padded_steps)
-        undeal = lambda x: _deal(x, mesh.size, per_device)[:m]
-        new_states, stats = jax.tree.map(undeal, (new_states, stats))
+        sums, new_states, stats = _run_sharded(
+            client_fn, client_states, tasks, aggregator, chunk, mesh, drop_nonfinite, steps,
+            proportional,
+        )  # fmt: skip
     if order is not None:
         inverse = jnp.argsort(order)
         stats = _take(stats, inverse)
         if table is None:
             new_states = _take(new_states, inverse)
+    return sums, new_states, stats
+
+
+def _run_sharded(
+    client_fn: ClientFn,
+    client_states: ClientState,
+    tasks: ClientTask,
+    aggregator: Aggregator,
+    chunk: int,
+    mesh: Mesh,
+    drop_nonfinite: bool,
+    steps: jax.Array | None,
+    proportional: bool,
+) -> tuple[PyTree, ClientState, ClientStats]:
+    """``run_cohort`` over the devices of ``mesh``: the slots dealt over them (``shard_map``),
+    each device's in chunks (``_run_chunks``), the sums added across devices (``psum``)."""
+    m = tasks.client_id.shape[0]
+    per_device = math.ceil(m / mesh.size)
+    # Dealt like cards, slot i to device i % devices, so that every device gets an even
+    # share of the work order (contiguous blocks would give one device the longest).
+    deal = lambda x: _deal(x, per_device, mesh.size)
+    states, padded_tasks, padded_steps = jax.tree.map(
+        deal, _padded(client_states, tasks, steps, per_device * mesh.size)
+    )
+
+    def shard(states, tasks, steps):
+        sums, new_states, stats = _run_chunks(
+            client_fn, states, tasks, aggregator, chunk, drop_nonfinite, steps, None,
+            proportional,
+        )  # fmt: skip
+        return jax.lax.psum(sums, CLIENTS), new_states, stats
+
+    sharded = P(CLIENTS)
+    # check_vma off: user algorithms may hold custom derivatives (SCAFFOLD's
+    # gradient_term) whose primal outputs do not carry the device-varying type.
+    sums, new_states, stats = jax.shard_map(
+        shard,
+        mesh=mesh,
+        in_specs=(sharded, sharded, sharded),
+        out_specs=(P(), sharded, sharded),
+        check_vma=False,
+    )(states, padded_tasks, padded_steps)
+    undeal = lambda x: _deal(x, mesh.size, per_device)[:m]
+    new_states, stats = jax.tree.map(undeal, (new_states, stats))
     return sums, new_states, stats
 
 
@@ -258,8 +281,14 @@ def _padded(
 
 
 def _run_chunks(
-    client_fn: ClientFn, client_states: ClientState, tasks: ClientTask, aggregator: Aggregator,
-    chunk: int, drop_nonfinite: bool, steps: jax.Array | None, table: StateTable | None,
+    client_fn: ClientFn,
+    client_states: ClientState,
+    tasks: ClientTask,
+    aggregator: Aggregator,
+    chunk: int,
+    drop_nonfinite: bool,
+    steps: jax.Array | None,
+    table: StateTable | None,
     proportional: bool,
 ) -> tuple[PyTree, ClientState, ClientStats]:
     """``run_cohort`` on one device, slots in run order: a ``lax.scan`` over chunks, each a
@@ -275,27 +304,12 @@ def _run_chunks(
         lambda x: x.reshape(num_chunks, chunk, *x.shape[1:]), (states, tasks, steps, rows)
     )
 
-    def run_chunk(states, chunk_tasks, bound):
-        bound = None if bound is None else jnp.asarray(bound, jnp.int32)
-        bounded = lambda s, t: client_fn(s, t if bound is None else t.replace(step_bound=bound))
-        if chunk == 1:
-            single = jax.tree.map(lambda x: x[0], (states, chunk_tasks))
-            update, state, stats = jax.tree.map(lambda x: x[None], bounded(*single))
-        else:
-            update, state, stats = jax.vmap(bounded)(states, chunk_tasks)
-        return update, state, stats.replace(finite=jax.vmap(_all_finite)(update))
-
-    def contributions(updates, weights, stats):
-        if drop_nonfinite:
-            weights = jnp.where(stats.finite, weights, 0)
-            updates = jax.tree.map(
-                lambda u: jnp.where(_per_slot(stats.finite, u), u, 0), updates
-            )
-        return jax.vmap(aggregator.contribute)(updates, weights, stats)
-
     def work(states, chunk_tasks, bound):
-        updates, new_states, stats = run_chunk(states, chunk_tasks, bound)
-        return contributions(updates, chunk_tasks.weight, stats), new_states, stats
+        updates, new_states, stats = _run_chunk(client_fn, chunk, states, chunk_tasks, bound)
+        contributions = _contributions(
+            aggregator, drop_nonfinite, updates, chunk_tasks.weight, stats
+        )
+        return contributions, new_states, stats
 
     def chunk_inputs(held, states, chunk_rows):
         if table is None:
@@ -323,8 +337,8 @@ def _run_chunks(
         contributions_, new_states, stats = work(states, chunk_tasks, bound)
         # The barrier keeps XLA from contracting the contributions' products into the
         # tree's adds (FMA), which it may do differently for each chunk size.
-        total = _tree_sum(jax.lax.optimization_barrier(contributions_))
-        pending = _push(pending, index, total, levels)
+        total = tree_sum(jax.lax.optimization_barrier(contributions_))
+        pending = push(pending, index, total, levels)
         if table is None:
             return (pending, held), (new_states, stats)
         counted = counted_slots(chunk_tasks.weight, stats.finite, drop_nonfinite)
@@ -338,59 +352,41 @@ def _run_chunks(
     )
     unchunk = lambda x: x.reshape(padded, *x.shape[2:])[:m]
     new_states = held if table is not None else jax.tree.map(unchunk, new_states)
-    return _root(pending, num_chunks), new_states, jax.tree.map(unchunk, stats)
+    return root(pending, num_chunks), new_states, jax.tree.map(unchunk, stats)
 
 
-def _tree_sum(contributions: PyTree) -> PyTree:
-    """Each leaf ``[c, ...]`` summed by a pairwise tree over its slots, padded with zeros to a
-    power of two: ``((c_0 + c_1) + (c_2 + c_3)) + ...``, every level one parallel add."""
-
-    def tree(x):
-        size = 1 << (x.shape[0] - 1).bit_length()
-        x = jnp.concatenate([x, jnp.zeros((size - x.shape[0], *x.shape[1:]), x.dtype)])
-        while x.shape[0] > 1:
-            x = x.reshape(x.shape[0] // 2, 2, *x.shape[1:])
-            x = x[:, 0] + x[:, 1]
-        return x[0]
-
-    return jax.tree.map(tree, contributions)
-
-
-def _push(pending: PyTree, index: jax.Array, total: PyTree, levels: int) -> PyTree:
-    """The pending subtrees after chunk ``index``'s ``total`` (a binary counter over chunks).
-
-    ``pending[k]`` holds the sum of a complete subtree of ``2^k`` chunks while bit
-    ``k`` of the chunks seen is set. Chunk ``index`` with ``t`` trailing one bits
-    closes ``t`` subtrees, the earlier on the left: ``pending[t-1] + (... +
-    (pending[0] + total))``, and is stored at level ``t``.
-    """
-    closes = jax.lax.population_count(index ^ (index + 1)) - 1
-
-    def close(t):
-        def branch(pending, total):
-            for k in range(t):
-                total = jax.tree.map(lambda p, s, k=k: p[k] + s, pending, total)
-            return jax.tree.map(lambda p, s: p.at[t].set(s), pending, total)
-
-        return branch
-
-    return jax.lax.switch(closes, [close(t) for t in range(levels)], pending, total)
+def _run_chunk(
+    client_fn: ClientFn,
+    chunk: int,
+    states: ClientState,
+    tasks: ClientTask,
+    bound: jax.Array | int | None,
+) -> tuple[Update, ClientState, ClientStats]:
+    """One chunk's clients (a ``vmap``; chunk 1: the client alone), their loops bounded by
+    ``bound`` (None: each its own count); ``stats.finite`` says whose update is finite."""
+    bound = None if bound is None else jnp.asarray(bound, jnp.int32)
+    bounded = lambda s, t: client_fn(s, t if bound is None else t.replace(step_bound=bound))
+    if chunk == 1:
+        single = jax.tree.map(lambda x: x[0], (states, tasks))
+        update, state, stats = jax.tree.map(lambda x: x[None], bounded(*single))
+    else:
+        update, state, stats = jax.vmap(bounded)(states, tasks)
+    return update, state, stats.replace(finite=jax.vmap(_all_finite)(update))
 
 
-def _root(pending: PyTree, num_chunks: int) -> PyTree:
-    """The tree's root from the subtrees pending after ``num_chunks`` chunks, as the tree
-    over ``num_chunks`` padded with zero chunks to a power of two adds them."""
-    top = num_chunks.bit_length() - 1
-    if num_chunks == 1 << top:
-        return jax.tree.map(lambda p: p[top], pending)
-    partial = None  # the subtree holding the first zero chunk; None: all zeros so far
-    for k in range(top + 1):
-        if num_chunks >> k & 1:  # a complete left sibling and the partial right one
-            right = jax.tree.map(lambda p: 0, pending) if partial is None else partial
-            partial = jax.tree.map(lambda p, r, k=k: p[k] + r, pending, right)
-        elif partial is not None:  # the partial left sibling and a right one of zero chunks
-            partial = jax.tree.map(lambda r: r + 0, partial)
-    return partial
+def _contributions(
+    aggregator: Aggregator,
+    drop_nonfinite: bool,
+    updates: Update,
+    weights: jax.Array,
+    stats: ClientStats,
+) -> PyTree:
+    """A chunk's contributions to the sums; with ``drop_nonfinite`` a non-finite update
+    enters as zeros at weight 0."""
+    if drop_nonfinite:
+        weights = jnp.where(stats.finite, weights, 0)
+        updates = jax.tree.map(lambda u: jnp.where(_per_slot(stats.finite, u), u, 0), updates)
+    return jax.vmap(aggregator.contribute)(updates, weights, stats)
 
 
 def _all_finite(tree: PyTree) -> jax.Array:

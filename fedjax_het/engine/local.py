@@ -227,14 +227,7 @@ def local_update(
         )
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         active = (s < num_steps).astype(jnp.float32)
-        scale = jax.tree.map(lambda u: active.astype(u.dtype), updates)
-        if task.train_mask is not None:
-            train_mask = task.train_mask
-            if task.mask_from is not None:
-                train_mask = jax.tree.map(
-                    lambda m: jnp.where(s >= task.mask_from, m, 1), train_mask
-                )
-            scale = jax.tree.map(lambda a, m: a * m, scale, train_mask)
+        scale = _step_scale(updates, active, task, s)
         params = jax.tree.map(lambda p, u, a: p + jnp.where(a > 0, a * u, 0), params, updates, scale)
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
         count = jnp.where(s < num_steps, jnp.sum(mask, dtype=jnp.int32), 0)
@@ -265,3 +258,15 @@ def local_update(
     update, client_state = algorithm.client_finalize(params, ctx, hyper)
     stats = ClientStats(loss_sum, processed, num_steps, task.train_mask)
     return update, client_state, stats
+
+
+def _step_scale(updates: Update, active: jax.Array, task: ClientTask, s: jax.Array) -> PyTree:
+    """Step ``s``'s factor on each leaf of its update: ``active`` (0 past the client's count),
+    times ``task.train_mask`` where it applies (from step ``task.mask_from`` on)."""
+    scale = jax.tree.map(lambda u: active.astype(u.dtype), updates)
+    if task.train_mask is None:
+        return scale
+    train_mask = task.train_mask
+    if task.mask_from is not None:
+        train_mask = jax.tree.map(lambda m: jnp.where(s >= task.mask_from, m, 1), train_mask)
+    return jax.tree.map(lambda a, m: a * m, scale, train_mask)
