@@ -5,7 +5,8 @@ from fedjax_het.data import FederatedData, LocalWork
 from fedjax_het.engine.algorithm import Aggregator, FederatedAlgorithm, weighted_mean
 from fedjax_het.sweep import sweep
 from fedjax_het.system.sampler import Sampler
-from fedjax_het.training.simulate import History, run
+from fedjax_het.training.recorder import History
+from fedjax_het.training.simulate import run
 
 __all__ = [
     "Aggregator",

@@ -58,8 +58,11 @@ from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.setup import System
 from fedjax_het.training import checkpoint, compilation, simulate
 from fedjax_het.training.interrupt import Interrupted
+from fedjax_het.training.loop import train_loop
 from fedjax_het.training.metrics import schedule_accounting
-from fedjax_het.training.simulate import History, Recorder, Setup, plan_runs, ring_depth, train_loop
+from fedjax_het.training.plan import plan_runs, ring_depth
+from fedjax_het.training.programs import Setup
+from fedjax_het.training.recorder import History, Recorder
 from fedjax_het.typing import Hyper, PyTree
 
 

@@ -35,7 +35,9 @@ from fedjax_het.engine.client_store import (
 from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.sweep import sweep
 from fedjax_het.system.sampler import Sampler
-from fedjax_het.training.simulate import Setup, run, train_loop
+from fedjax_het.training.loop import train_loop
+from fedjax_het.training.programs import Setup
+from fedjax_het.training.simulate import run
 
 F, C, N = 5, 3, 6
 SIZES = (1, 6, 17, 30, 9, 12)

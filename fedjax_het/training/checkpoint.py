@@ -1,6 +1,6 @@
 """Checkpoints: everything the next round of a run needs, in one file written atomically.
 
-A checkpoint is taken between blocks of rounds (``simulate.train_loop``), where
+A checkpoint is taken between blocks of rounds (``loop.train_loop``), where
 the run state is whole: the server state (optimizer states included), every
 client state (a ``HostStore``'s host rows too), the in-loop schedule's clock,
 records and selection state, the last evaluation and the run's records so far
