@@ -32,6 +32,7 @@ from pathlib import Path
 from fedjax_het import compare as compare_lib
 from fedjax_het import config as config_lib
 from fedjax_het import results
+from fedjax_het.engine.client_store import format_bytes
 from fedjax_het.results import NotWritten, OutDirError
 from fedjax_het.training import checkpoint, compilation, distributed
 from fedjax_het.training.checkpoint import CheckpointError
@@ -295,11 +296,14 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     s = history.summary
     if not distributed.writes_results():
         return 0
+    steps = "server events" if "staleness_histogram" in s else "rounds"
     print(
         f"final test accuracy {s['final_test_accuracy']:.4f} (best {s['best_test_accuracy']:.4f}), "
         f"per-client mean {s['client_accuracy_mean']:.4f}, worst {s['client_accuracy_min']:.4f}; "
-        f"{s['rounds']} rounds in {s['wall_s']:.1f} s; results in {history.out_dir}"
+        f"{s['rounds']} {steps} in {s['wall_s']:.1f} s; results in {history.out_dir}"
     )
+    for line in _system_lines(s, experiment.data.num_clients, steps.split()[-1][:-1]):
+        print(line)
     if "staleness_histogram" in s:
         print(
             f"asynchronous server: {s['applied']} updates applied, {s['discarded']} discarded as "
@@ -314,6 +318,36 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
             f"q = {p['sampling_rate']:.3g}; {p['epsilon_fixed_size']:.3g} for the fixed-size cohort)"
         )
     return 0
+
+
+def _system_lines(summary: dict, num_clients: int, step: str = "round") -> list[str]:
+    """What a run with a system cost: virtual time, outcomes, bytes, participation, and the
+    round, virtual time and bytes at which each target accuracy was first reached."""
+    if "virtual_s" not in summary:
+        return []
+    s = summary
+    outcomes = ", ".join(f"{name} {count}" for name, count in s.get("outcomes", {}).items())
+    lines = [
+        f"system: {s['virtual_s'] / 3600:.3g} virtual hours ({s['virtual_s']:.1f} s); "
+        + (f"outcomes {outcomes}; " if outcomes else "")
+        + f"{format_bytes(s['bytes_down'])} down, {format_bytes(s['bytes_up'])} up"
+    ]
+    if "participation_gini" in s:
+        lines.append(
+            f"participation: Gini {s['participation_gini']:.3f}, "
+            f"{s['clients_never_participated']} of {num_clients} clients never trained"
+        )
+    reached = []
+    for target, hit in s.get("to_accuracy", {}).items():
+        if hit is None:
+            reached.append(f"{target} not reached")
+        elif "virtual_s" in hit:
+            moved = hit.get("bytes_down", 0.0) + hit.get("bytes_up", 0.0)
+            reached.append(f"{target} at {step} {hit['round']}, {hit['virtual_s'] / 3600:.3g} "
+                           f"virtual h, {format_bytes(moved)}")  # fmt: skip
+    if reached:
+        lines.append("to accuracy: " + "; ".join(reached))
+    return lines
 
 
 def _interrupted(err: Interrupted, resume: str, out: str | Path) -> int:

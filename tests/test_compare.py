@@ -83,3 +83,16 @@ def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys):
     assert "no 'nope' in the metrics" in capsys.readouterr().err
     with pytest.raises(ValueError, match="x must be one of"):
         compare.compare([runs["a0"]], x="hours")
+
+
+def test_the_end_of_a_run_with_a_system_says_what_it_cost(runs):
+    summary = results.load(runs["a0"]).summary
+    lines = cli._system_lines(summary, 12)
+    assert lines[0].startswith(f"system: {summary['virtual_s'] / 3600:.3g} virtual hours")
+    assert f"outcomes ok {summary['outcomes']['ok']}" in lines[0] and " up" in lines[0]
+    never = summary["clients_never_participated"]
+    assert lines[1] == (f"participation: Gini {summary['participation_gini']:.3f}, "
+                        f"{never} of 12 clients never trained")  # fmt: skip
+    assert lines[2].startswith("to accuracy: 0.5 ")
+    assert "at event" in cli._system_lines(summary, 12, "event")[2] or "not reached" in lines[2]
+    assert cli._system_lines({"rounds": 3, "final_test_accuracy": 0.5}, 12) == []
