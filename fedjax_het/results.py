@@ -94,6 +94,18 @@ def prepare_out_dir(out_dir: str | Path, *, overwrite: bool = False, resume: boo
     if str(out_dir).strip() == "":
         raise OutDirError("the output directory is an empty path; name a directory")
     path = Path(out_dir)
+    try:
+        _check_out_dir(path, overwrite=overwrite, resume=resume)
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".fedjax_het_write_test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OutDirError(f"cannot write to the output directory {path}: {err.strerror}") from None
+    return path
+
+
+def _check_out_dir(path: Path, *, overwrite: bool, resume: bool) -> None:
     if path.exists() and not path.is_dir():
         raise OutDirError(f"the output directory {path} is a file")
     if resume:
@@ -106,14 +118,6 @@ def prepare_out_dir(out_dir: str | Path, *, overwrite: bool = False, resume: boo
                 "--overwrite to replace its results, or --resume to continue it"
             )
         (path / "checkpoint.npz").unlink(missing_ok=True)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".fedjax_het_write_test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise OutDirError(f"cannot write to the output directory {path}: {err.strerror}") from None
-    return path
 
 
 class RunWriter:

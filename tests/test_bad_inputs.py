@@ -318,6 +318,17 @@ OUTPUT_PATH_CASES = [
 ]
 
 
+# What a new user's first hour still found (issue "A researcher's first hour", item 7).
+FIRST_HOUR_CASES = [
+    case("--out name longer than the file system allows", run_to("{tmp}/" + "x" * 300),
+         "cannot write to the output directory", "File name too long"),
+    case("policy.readiness above 1 under a deadline policy",
+         run(*POLICY, "policy.readiness=1.5"), "policy.readiness", "(0, 1)"),
+    case("policy.readiness below 0 under a deadline policy",
+         run(*POLICY, "policy.readiness=-1"), "policy.readiness", "(0, 1)"),
+]
+
+
 def _takes_float(hint) -> bool:
     return hint is float or float in typing.get_args(hint)
 
@@ -442,6 +453,11 @@ def test_output_path_is_refused(c, tmp_path, capsys):
     _check_refused(c, tmp_path, capsys)
 
 
+@pytest.mark.parametrize("c", FIRST_HOUR_CASES)
+def test_what_the_first_hour_found_is_refused(c, tmp_path, capsys):
+    _check_refused(c, tmp_path, capsys)
+
+
 def test_the_corpus_reaches_every_float_option_and_algorithm():
     """The generated cases are not vacuous: they hold the keys of the issue and every algorithm."""
     ids = " ".join(p.id for p in FLOAT_CASES)
@@ -484,3 +500,13 @@ def test_a_full_disk_keeps_what_was_written_and_says_what_was_not(tmp_path, caps
                    f"{tmp_path / 'out'}\n")
     for name in ("metrics.jsonl", "arrays.npz", "curves.png", "config.toml", "checkpoint.npz"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
+
+
+def test_a_zero_step_time_is_free_compute_for_every_device_source():
+    """``system.step_time = 0`` is accepted for identical and log-normal devices alike (as a
+    devices CSV's ``step_time_s = 0`` is): every step takes no time, only the network does."""
+    from fedjax_het.system import setup
+
+    for devices in ("uniform", "lognormal"):
+        profiles = setup.profiles_from_options(6, devices=devices, step_time=0.0)
+        assert float(abs(profiles.step_time).max()) == 0.0

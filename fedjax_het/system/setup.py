@@ -184,7 +184,7 @@ def policy_from_options(
     if max_staleness and kind != "deadline":
         raise ValueError(f"policy.max_staleness (stale tasks) needs policy.kind = 'deadline', "
                          f"got {kind!r}")
-    if kind == "readiness" and not 0 < readiness < 1:
+    if not 0 < readiness < 1:  # checked under every kind: a value set is a value meant
         raise ValueError(f"policy.readiness is the share of clients not waited for, in (0, 1); "
                          f"got {readiness}")
     common = {"over_commit": over_commit, "overhead": overhead, "start": start,

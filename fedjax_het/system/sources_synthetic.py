@@ -54,9 +54,10 @@ def lognormal_step_times(key: PRNGKey, num_clients: int, *, median, sigma) -> ja
     Log-normal speeds are the usual synthetic model of heavy-tailed device heterogeneity;
     ``sigma`` is the heterogeneity level (0: identical devices; the mean is
     ``median * exp(sigma**2 / 2)``, the ratio of the 90th to the 10th percentile
-    ``exp(2.563 * sigma)``).
+    ``exp(2.563 * sigma)``). A median of 0 makes every step free (only the network takes
+    time), as ``step_time = 0`` does for identical devices.
     """
-    _check("median", median, lambda v: v > 0, "> 0 seconds")
+    _check("median", median, lambda v: v >= 0, ">= 0 seconds")
     _check("sigma", sigma, lambda v: v >= 0, ">= 0")
     z = jax.random.normal(key, (num_clients,), jnp.float32)
     return _per_client("median", median, num_clients) * jnp.exp(sigma * z)
