@@ -1,6 +1,6 @@
 """Cost of an asynchronous server event against a synchronous round of as many clients.
 
-Issue 12's benchmark: one event of FedBuff's server (``system.events``: K = 20
+One event of FedBuff's server (``system.events``: K = 20
 arrivals, each trained from the model version it downloaded, out of a ring
 of ``max_staleness + 1 = 6`` models) against one synchronous round of 20
 clients, same model, same data, same local work, in the same process. The
@@ -24,12 +24,13 @@ run: its figures are not results.
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import functools
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +45,7 @@ from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate
 
 K, CONCURRENCY, MAX_STALENESS, CLIENTS = 20, 100, 5, 200
-DEFAULT_OUT = Path(__file__).parent / "bench_results" / "async-cpu.jsonl"
+DEFAULT_OUT = common.BENCH_RESULTS / "async-cpu.jsonl"
 
 
 def workload() -> tuple[FederatedData, models.Model, LocalWork]:
@@ -52,15 +53,28 @@ def workload() -> tuple[FederatedData, models.Model, LocalWork]:
     xs = [gen.normal(size=(64, 784)).astype(np.float32) for _ in range(CLIENTS)]
     ys = [gen.integers(0, 10, 64).astype(np.int32) for _ in range(CLIENTS)]
     data = FederatedData.from_client_arrays(
-        xs, ys, num_classes=10, test_xs=[x[:8] for x in xs], test_ys=[y[:8] for y in ys])
+        xs, ys, num_classes=10, test_xs=[x[:8] for x in xs], test_ys=[y[:8] for y in ys]
+    )
     return data, models.mlp((784,), 10, hidden=(200, 200)), LocalWork(batch_size=16, epochs=1)
 
 
 def build(data, model, work, algorithm, *, chunk, ring_depth, rounds):
     return simulate.Setup.build(
-        data, model, algorithm, uniform(CLIENTS, K), rounds=rounds, work=work, hyper=None,
-        eval_every=rounds, chunk=chunk, unroll=1, weighting="examples", eval_batch_size=1024,
-        slots=K, ring_depth=ring_depth, devices=1,
+        data,
+        model,
+        algorithm,
+        uniform(CLIENTS, K),
+        rounds=rounds,
+        work=work,
+        hyper=None,
+        eval_every=rounds,
+        chunk=chunk,
+        unroll=1,
+        weighting="examples",
+        eval_batch_size=1024,
+        slots=K,
+        ring_depth=ring_depth,
+        devices=1,
     )
 
 
@@ -76,10 +90,17 @@ def gate(sync_setup, async_setup, async_plans, key) -> None:
     plan = fresh_plan(async_plans, 0)
     sync_row = jax.tree.map(lambda a: a[0], plan)
     schedule_row = simulate.Schedule(
-        selected=sync_row.selected, valid=sync_row.valid, outcome=sync_row.outcome,
-        steps_done=sync_row.steps_done, version=sync_row.version, start=sync_row.start,
-        duration=sync_row.duration, clock=sync_row.clock,
-        finish=jnp.zeros(K), bytes_down=jnp.zeros(K), bytes_up=jnp.zeros(K),
+        selected=sync_row.selected,
+        valid=sync_row.valid,
+        outcome=sync_row.outcome,
+        steps_done=sync_row.steps_done,
+        version=sync_row.version,
+        start=sync_row.start,
+        duration=sync_row.duration,
+        clock=sync_row.clock,
+        finish=jnp.zeros(K),
+        bytes_down=jnp.zeros(K),
+        bytes_up=jnp.zeros(K),
     )
     ids = jnp.zeros((1,), jnp.int32)
     block_a, _ = async_setup.programs(key)
@@ -104,91 +125,140 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.reps, args.block, args.events, args.chunks = 3, 2, 4, "auto"
-    out = Path(args.out) if args.out else DEFAULT_OUT.with_name(
-        ("quick-" if args.quick else "") + DEFAULT_OUT.name)
+    out = (
+        Path(args.out)
+        if args.out
+        else DEFAULT_OUT.with_name(("quick-" if args.quick else "") + DEFAULT_OUT.name)
+    )
     data, model, work = workload()
     key = rng.seed_key(0)
     profiles = setup.profiles_from_options(CLIENTS, devices="lognormal", step_time=0.5, seed=0)
     system = setup.System(profiles, setup.policy_from_options())
-    server = events.async_server(concurrency=CONCURRENCY, buffer_size=K,
-                                 max_staleness=MAX_STALENESS)
-    total = args.block * (args.reps + 2)
+    server = events.async_server(
+        concurrency=CONCURRENCY, buffer_size=K, max_staleness=MAX_STALENESS
+    )
     rows = []
     for chunk_name in args.chunks.split(","):
         chunk = None if chunk_name == "auto" else int(chunk_name)
-        variants = {
-            "sync fedavg": build(data, model, work, fedavg(), chunk=chunk, ring_depth=0,
-                                 rounds=total),
-            "sync fedbuff": build(data, model, work, fedbuff(), chunk=chunk, ring_depth=0,
-                                  rounds=total),
-            "async fedbuff": build(data, model, work, fedbuff(), chunk=chunk,
-                                   ring_depth=server.ring_depth, rounds=total),
-        }
-        spec = variants["async fedbuff"].round.spec
-        async_plans = simulate.plan_events(system, data, spec, server, events=total, key=key)
-        sync_plans = simulate.plan_run(system, data, spec, uniform(CLIENTS, K), rounds=total,
-                                       key=key)
-        assert bool(jnp.all(sync_plans.outcome == OK)) and bool(jnp.all(async_plans.valid))
-        gate(variants["sync fedbuff"], variants["async fedbuff"], async_plans, key)
-        plans = {name: async_plans if name.startswith("async") else sync_plans
-                 for name in variants}
-        runs = {}
-        for name, s in variants.items():
-            block, _ = s.programs(key)
-            state = s.init(key)
-            ids = jnp.arange(args.block, dtype=jnp.int32)
-            t0 = time.perf_counter()
-            state = jax.block_until_ready(block(state, ids, jax.tree.map(
-                lambda a: a[: args.block], plans[name]))[0])
-            runs[name] = {"block": block, "state": state, "compile_s": time.perf_counter() - t0,
-                          "times": [], "load": []}
-        for rep in range(1, args.reps + 1):  # interleaved, so that load hits all alike
-            for name, run in runs.items():
-                first = rep * args.block
-                ids = jnp.arange(first, first + args.block, dtype=jnp.int32)
-                block_plans = jax.tree.map(lambda a, f=first: a[f : f + args.block], plans[name])
-                t0 = time.perf_counter()
-                run["state"] = jax.block_until_ready(run["block"](run["state"], ids, block_plans)[0])
-                run["times"].append((time.perf_counter() - t0) / args.block)
-                run["load"].append(os.getloadavg()[0])
-        compiles = compile_count(variants["async fedbuff"], async_plans, args, key)
-        sync_median = statistics.median(runs["sync fedavg"]["times"])
-        for name, run in runs.items():
-            median = statistics.median(run["times"])
-            row = {
-                "variant": name, "chunk": variants[name].round.chunk, "cohort": K,
-                "median_s": median, "min_s": min(run["times"]), "max_s": max(run["times"]),
-                "ratio_to_sync_fedavg": median / sync_median, "compile_s": run["compile_s"],
-                "load_1min": statistics.median(run["load"]), "reps": args.reps,
-                "block": args.block,
-                **({"training_compiles_over_run": compiles, "events_in_run": args.events}
-                   if name.startswith("async") else {}),
-            }
-            rows.append(row)
-            print(f"chunk {row['chunk']:>3} {name:14} {1e3 * median:8.2f} ms "
-                  f"[{1e3 * row['min_s']:.2f}, {1e3 * row['max_s']:.2f}]  "
-                  f"{row['ratio_to_sync_fedavg']:.3f}x sync fedavg")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = results.environment()
-    with out.open("a") as f:
-        for row in rows:
-            f.write(json.dumps({**row, "env": env}) + "\n")
+        rows += measure_chunk(chunk, data, model, work, system, server, args, key)
+    common.write_rows(out, rows, results.environment())
+    compiles = rows[-1]["training_compiles_over_run"]  # the last chunk's async row
     print(f"async step compiles over a run of {args.events} events: {compiles}; rows in {out}")
+
+
+def measure_chunk(
+    chunk: int | None, data, model, work, system, server, args, key
+) -> list[dict[str, Any]]:
+    """Gates and times a synchronous FedAvg and FedBuff round and an async FedBuff event at one
+    chunk size (``None``: the engine's choice); one row each."""
+    total = args.block * (args.reps + 2)
+    rows = []
+    variants = {
+        "sync fedavg": build(data, model, work, fedavg(), chunk=chunk, ring_depth=0, rounds=total),
+        "sync fedbuff": build(
+            data, model, work, fedbuff(), chunk=chunk, ring_depth=0, rounds=total
+        ),
+        "async fedbuff": build(
+            data,
+            model,
+            work,
+            fedbuff(),
+            chunk=chunk,
+            ring_depth=server.ring_depth,
+            rounds=total,
+        ),
+    }
+    spec = variants["async fedbuff"].round.spec
+    async_plans = simulate.plan_events(system, data, spec, server, events=total, key=key)
+    sync_plans = simulate.plan_run(system, data, spec, uniform(CLIENTS, K), rounds=total, key=key)
+    assert bool(jnp.all(sync_plans.outcome == OK)) and bool(jnp.all(async_plans.valid))
+    gate(variants["sync fedbuff"], variants["async fedbuff"], async_plans, key)
+    plans = {name: async_plans if name.startswith("async") else sync_plans for name in variants}
+    runs = {}
+    for name, s in variants.items():
+        block, _ = s.programs(key)
+        state = s.init(key)
+        ids = jnp.arange(args.block, dtype=jnp.int32)
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(
+            block(state, ids, jax.tree.map(lambda a: a[: args.block], plans[name]))[0]
+        )
+        runs[name] = {
+            "block": block,
+            "state": state,
+            "compile_s": time.perf_counter() - t0,
+            "first": 0,
+        }
+    timing = common.interleaved(
+        {
+            name: functools.partial(next_block, run, plans[name], args.block)
+            for name, run in runs.items()
+        },
+        reps=args.reps,
+    )
+    for name, run in runs.items():
+        run["times"] = [seconds / args.block for seconds in timing[name]["seconds"]]
+        run["load"] = timing[name]["load"]
+    compiles = compile_count(variants["async fedbuff"], async_plans, args, key)
+    sync_median = statistics.median(runs["sync fedavg"]["times"])
+    for name, run in runs.items():
+        median = statistics.median(run["times"])
+        row = {
+            "variant": name,
+            "chunk": variants[name].round.chunk,
+            "cohort": K,
+            **common.seconds_summary(run["times"]),
+            "ratio_to_sync_fedavg": median / sync_median,
+            "compile_s": run["compile_s"],
+            "load_1min": statistics.median(run["load"]),
+            "reps": args.reps,
+            "block": args.block,
+            **(
+                {"training_compiles_over_run": compiles, "events_in_run": args.events}
+                if name.startswith("async")
+                else {}
+            ),
+        }
+        rows.append(row)
+        print(
+            f"chunk {row['chunk']:>3} {name:14} {1e3 * median:8.2f} ms "
+            f"[{1e3 * row['min_s']:.2f}, {1e3 * row['max_s']:.2f}]  "
+            f"{row['ratio_to_sync_fedavg']:.3f}x sync fedavg"
+        )
+    return rows
+
+
+def next_block(run: dict, plans, size: int):
+    """Runs the block of ``size`` rounds (events) after ``run``'s last one on its state."""
+    run["first"] += size
+    first = run["first"]
+    ids = jnp.arange(first, first + size, dtype=jnp.int32)
+    run["state"] = run["block"](
+        run["state"], ids, jax.tree.map(lambda a: a[first : first + size], plans)
+    )[0]
+    return run["state"]
 
 
 def compile_count(async_setup, async_plans, args, key) -> int:
     """Compilations of the training program over a run of ``--events`` events in blocks."""
-    s = build(*workload(), fedbuff(), chunk=async_setup.round.chunk,
-              ring_depth=async_setup.round.ring_depth, rounds=args.events)
+    s = build(
+        *workload(),
+        fedbuff(),
+        chunk=async_setup.round.chunk,
+        ring_depth=async_setup.round.ring_depth,
+        rounds=args.events,
+    )
     block, _ = s.programs(key)
     state = s.init(key)
     for first in range(0, args.events, args.block):
         size = min(args.block, args.events - first)
         ids = jnp.arange(first, first + size, dtype=jnp.int32)
-        state = block(state, ids, jax.tree.map(lambda a, f=first, n=size: a[f : f + n],
-                                               async_plans))[0]
+        state = block(
+            state, ids, jax.tree.map(lambda a, f=first, n=size: a[f : f + n], async_plans)
+        )[0]
     jax.block_until_ready(state)
-    return s._jitted[(False, None)][0]._cache_size()
+    ((jitted_block, _),) = s._jitted.values()  # the one mode this setup compiled
+    return jitted_block._cache_size()
 
 
 if __name__ == "__main__":

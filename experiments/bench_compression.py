@@ -1,6 +1,6 @@
 """Cost of compressed updates per round, as a ratio to uncompressed FedAvg in the same run.
 
-Issue 13's benchmark: one jitted round (``Round.step``, ``bench_harness.engine``)
+One jitted round (``Round.step``, ``bench_harness.engine``)
 of plain ``fedavg()`` and of ``compression.compressed(fedavg(), ...)`` with
 each upload encoder (identity, float16 cast, QSGD(16), TernGrad, signSGD,
 EF-scaled sign, top-1 %, top-1 % with error feedback, random-1 %) and with a
@@ -33,6 +33,7 @@ from typing import Any
 
 import bench_harness as harness
 import bench_throughput
+import common
 import jax
 import numpy as np
 
@@ -48,7 +49,7 @@ WORKLOAD = dataclasses.replace(
     make_model=lambda: models.mlp((784,), 10, hidden=(200, 200)),
     num_classes=10,
 )
-DEFAULT_OUT = Path(__file__).parent / "bench_results" / "compression-cpu.jsonl"
+DEFAULT_OUT = common.BENCH_RESULTS / "compression-cpu.jsonl"
 
 
 def uploads() -> dict[str, C.Compressor | None]:
@@ -90,7 +91,7 @@ def measure_chunk(
     """Builds, gates, warms and times every variant at one chunk size; one row each."""
     params = setup.params
     float32_bytes = C.bytes_sent(C.identity(), params)
-    rows, impls, outputs = [], [], {}
+    rows, impls, outputs = [], {}, {}
     for name, upload in uploads().items():
         algorithm = algorithm_of(name, upload)
         impl = harness.engine(setup, chunk, 1, algorithm)
@@ -106,26 +107,18 @@ def measure_chunk(
         }  # fmt: skip
         print(f"  chunk {chunk} {name:18s} compile {impl.compile_s:5.1f} s", flush=True)
         rows.append(row)
-        impls.append(impl)
+        impls[name] = impl.run
     if not bits_equal(outputs["identity"], outputs["fedavg"]):
         raise AssertionError(f"chunk {chunk}: identity upload is not FedAvg bit for bit")
     rows[1]["gate"] = {"identity_equals_fedavg_bitwise": True}
-    for impl in impls:  # one warm-up round each, after the gate's
-        jax.block_until_ready(impl.run())
-    times: list[list[float]] = [[] for _ in impls]
-    loads: list[list[float]] = [[] for _ in impls]
-    for _ in range(reps):  # interleaved: one round of each variant in turn
-        for i, impl in enumerate(impls):
-            loads[i].append(os.getloadavg()[0])
-            start = time.perf_counter()
-            jax.block_until_ready(impl.run())
-            times[i].append(time.perf_counter() - start)
-    base = statistics.median(times[0])
-    for row, t, load in zip(rows, times, loads, strict=True):
-        median = statistics.median(t)
+    timing = common.interleaved(impls, reps=reps, warmup=1)  # after the gate's round
+    base = statistics.median(timing["fedavg"]["seconds"])
+    for row in rows:
+        t = timing[row["variant"]]["seconds"]
         row.update(
-            reps_timed=len(t), median_s=median, min_s=min(t), max_s=max(t), times_s=t,
-            ratio_to_fedavg=median / base, loadavg_1min=load,
+            reps_timed=len(t), **common.seconds_summary(t), times_s=t,
+            ratio_to_fedavg=statistics.median(t) / base,
+            loadavg_1min=timing[row["variant"]]["load"],
         )  # fmt: skip
     return rows
 

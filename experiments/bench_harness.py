@@ -76,16 +76,14 @@ memory, say) gets a row with its error and no time; the others go on.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,19 +130,6 @@ class Setup:
     @property
     def cohort(self) -> int:
         return self.round_.sampler.cohort_size
-
-
-def results_path(out: str | None, name: str, *, quick: bool) -> Path:
-    """``out``, else ``bench_results/<name>[-quick]-<UTC time>.jsonl``, its folder made."""
-    stamp = datetime.datetime.now(datetime.UTC)
-    path = Path(
-        out
-        or Path(__file__).parent
-        / "bench_results"
-        / (f"{name}{'-quick' if quick else ''}-{stamp:%Y%m%dT%H%M%SZ}.jsonl")
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def make_setup(model: models.Model, train: ClientArrays, work: LocalWork, cohort: int) -> Setup:
@@ -565,12 +550,7 @@ def _time(impls: list[tuple[dict, Implementation]], *, warmup: int, reps: int, m
         ]
     for row, _ in impls:
         times = row["times_s"]
-        row.update(
-            reps_timed=len(times),
-            median_s=statistics.median(times),
-            min_s=min(times),
-            max_s=max(times),
-        )
+        row.update(reps_timed=len(times), **common.seconds_summary(times))
 
 
 def _ratios(rows: list[dict[str, Any]]) -> None:
@@ -582,8 +562,12 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
     run with every masked step (``ratio_to_masked``, rows of ``proportional`` False)."""
 
     def key(row: dict[str, Any]) -> tuple:
-        return row.get("system", "none"), row.get("chunk"), row.get("unroll"), row.get(
-            "proportional", True)
+        return (
+            row.get("system", "none"),
+            row.get("chunk"),
+            row.get("unroll"),
+            row.get("proportional", True),
+        )
 
     timed = [row for row in rows if "median_s" in row]
     loop = {

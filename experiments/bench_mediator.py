@@ -1,4 +1,4 @@
-"""CPU cost of one GANDALF mediator round against one FedAvg round of the same clients (issue 14).
+"""CPU cost of one GANDALF mediator round against one FedAvg round of the same clients.
 
 The 20 clients of ``gandalf_fault_tolerance.py`` (Fashion-MNIST subset, 4 major classes each,
 seed 0), the same 784-100-10 MLP, one local epoch of batch 32, FedAvg's default hyperparameters,
@@ -32,10 +32,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -44,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_harness
+import common
 from gandalf_fault_tolerance import WORK, partition
 
 from fedjax_het import models, rng
@@ -53,7 +53,7 @@ from fedjax_het.gandalf.mediator import Mediator, MediatorState, kl_groups, timi
 from fedjax_het.gandalf.rebalance import class_counts
 from fedjax_het.system.profiles import uniform_profiles
 
-OUT = Path(__file__).parent / "bench_results" / "mediator-cpu.jsonl"
+OUT = common.BENCH_RESULTS / "mediator-cpu.jsonl"
 GATE = 1e-5
 
 
@@ -126,33 +126,26 @@ def main(args: argparse.Namespace) -> None:
         "mediator M_c=2": (lambda: mediator_params(paired_step, paired_args), paired_compile),
         "mediator singletons": (lambda: mediator_params(single_step, single_args), single_compile),
     }
-    seconds = {name: [] for name in impls}
-    for rep in range(args.warmup + args.reps):
-        for name, (run, _) in impls.items():
-            tick = time.perf_counter()
-            jax.block_until_ready(run())
-            if rep >= args.warmup:
-                seconds[name].append(time.perf_counter() - tick)
+    timing = common.interleaved(
+        {name: run for name, (run, _) in impls.items()}, reps=args.reps, warmup=args.warmup
+    )
+    seconds = {name: timing[name]["seconds"] for name in impls}
     base = statistics.median(seconds["fedavg Round.step"])
     rows = []
     for name, (_, compile_s) in impls.items():
         median = statistics.median(seconds[name])
         rows.append({
-            "variant": name, "clients": num_clients, "median_s": median,
-            "min_s": min(seconds[name]), "max_s": max(seconds[name]),
+            "variant": name, "clients": num_clients, **common.seconds_summary(seconds[name]),
             "ratio_to_fedavg": median / base, "compile_s": compile_s, "reps": args.reps,
             "warmup": args.warmup, "gate_error": gate, "round_step_norm_ratio": norm_ratio,
             "model": "mlp 784-100-10", "work": "1 epoch, batch 32", "quick": args.quick,
-            "load_1min": __import__("os").getloadavg()[0], "env": env,
+            "load_1min": os.getloadavg()[0],
         })  # fmt: skip
         print(
             f"{name:20s} median {median * 1e3:8.1f} ms [{min(seconds[name]) * 1e3:.1f}-"
             f"{max(seconds[name]) * 1e3:.1f}]  x{median / base:.2f}  compile {compile_s:.1f} s"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+    common.write_rows(Path(args.out), rows, env)
 
 
 def parse(argv=None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""Scale test: a 100,000-client population, 10,000 clients a round (issue 11, item 4).
+"""Scale test: a 100,000-client population, 10,000 clients a round.
 
 Data: LEAF's Synthetic(1, 1) (``fedjax_het.data.synthetic.leaf_synthetic``,
 FedProx §5.1: 60 features, 10 classes) generated for every client of the
@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import bench_harness as harness
+import common
 import jax
 
 from fedjax_het import models, results
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
 
     backend = jax.default_backend()
     stamp = datetime.datetime.now(datetime.UTC)
-    out = harness.results_path(args.out, f"scale-{backend}-{clients}x{per_round}", quick=args.quick)
+    out = common.results_path(args.out, f"scale-{backend}-{clients}x{per_round}", quick=args.quick)
     env = results.environment()
     print(f"{env['device']}  jax {env['versions']['jax']}  {clients} clients, {per_round} a round")
 
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     memory["after_timing_gb"] = peak_rss_gb()
     print(f"peak RSS (GB): {json.dumps(memory)}")
 
-    common: dict[str, Any] = {
+    shared: dict[str, Any] = {
         "benchmark": "scale",
         "population": clients,
         "cohort": per_round,
@@ -176,11 +177,10 @@ def main(argv: list[str] | None = None) -> None:
         "peak_rss_gb": memory,
         "timestamp": stamp.isoformat(timespec="seconds"),
     }
-    with out.open("a") as f:
-        for row in rows:
-            if row.get("system", "none") != "none":
-                row["system_summary"] = summary
-            f.write(json.dumps({**common, **row, "env": env}) + "\n")
+    for row in rows:
+        if row.get("system", "none") != "none":
+            row["system_summary"] = summary
+    common.write_rows(out, [{**shared, **row} for row in rows], env)
     print(f"-> {out}")
 
 

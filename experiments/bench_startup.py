@@ -1,6 +1,6 @@
 """Start-up time of the default experiment: compilation cache off, cold and warm.
 
-Issue "Accelerator throughput", item 7: a second run of the same config should
+A second run of the same config should
 compile nothing it compiled before (``engine.compile_cache``,
 ``fedjax_het.training.compilation``). Each measurement is a fresh process running
 ``fedjax-het run --set rounds=R --no-progress`` (the default experiment: the
@@ -46,10 +46,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
+
 from fedjax_het import results
 
-DEFAULT_OUT = Path(__file__).parent / "bench_results" / "startup-cpu.jsonl"
-TARGET_S = 2.0  # the issue's target: a warm run's first round within 2 s of process start
+DEFAULT_OUT = common.BENCH_RESULTS / "startup-cpu.jsonl"
+TARGET_S = 2.0  # the target: a warm run's first round within 2 s of process start
 
 # The child: `fedjax-het run` (fedjax_het.cli.main), with timestamps. Its first argument is
 # where it writes them; the rest is the command line.
@@ -102,13 +104,24 @@ def measure(variant: str, cache: Path, rounds: int, work: Path) -> dict:
     """One process of ``variant`` with its cache folder; the row of its times."""
     stamps, out = work / f"{variant}-stamps.json", work / f"{variant}-run"
     sets = [f"rounds={rounds}"] + (["engine.compile_cache=false"] if variant == "off" else [])
-    argv = ["run", *[a for s in sets for a in ("--set", s)], "--out", str(out), "--overwrite",
-            "--no-progress"]
+    argv = [
+        "run",
+        *[a for s in sets for a in ("--set", s)],
+        "--out",
+        str(out),
+        "--overwrite",
+        "--no-progress",
+    ]
     env = {**os.environ, "FEDJAX_HET_CACHE_DIR": str(cache)}
     t0 = time.time()
-    done = subprocess.run([sys.executable, "-c", CHILD, str(stamps), *argv], env=env, cwd=work,
-                          check=False,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(stamps), *argv],
+        env=env,
+        cwd=work,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     end = time.time() - t0
     if done.returncode != 0:
         raise RuntimeError(f"{variant}: exit {done.returncode}\n{done.stderr[-3000:]}")
@@ -132,7 +145,8 @@ def measure(variant: str, cache: Path, rounds: int, work: Path) -> dict:
         "to_first_block_s": at(first["t"]),
         "first_block_rounds": first["round"],
         "steady_block_s": None if steady is None else round(steady, 3),
-        "to_first_round_s_est": None if steady is None
+        "to_first_round_s_est": None
+        if steady is None
         else round(first["t"] - t0 - steady * (first["round"] - 1) / block, 3),
         "to_end_s": round(end, 3),
         "after_last_round_s": round(T["done"] - evals[-1]["t"], 3),
@@ -149,15 +163,28 @@ def measure(variant: str, cache: Path, rounds: int, work: Path) -> dict:
     }
 
 
-KEYS = ("to_python_s", "to_imported_s", "to_built_s", "to_round0_eval_s", "to_first_block_s",
-        "to_first_round_s_est", "to_end_s", "steady_block_s", "data_report_s")
+KEYS = (
+    "to_python_s",
+    "to_imported_s",
+    "to_built_s",
+    "to_round0_eval_s",
+    "to_first_block_s",
+    "to_first_round_s_est",
+    "to_end_s",
+    "steady_block_s",
+    "data_report_s",
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=30,
-                        help="rounds of each run (three blocks: the last times a steady block)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=30,
+        help="rounds of each run (three blocks: the last times a steady block)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     rows = []
@@ -169,33 +196,40 @@ def main() -> None:
             for variant in ("off", "cold", "warm"):
                 row = {"rep": rep, **measure(variant, cache, args.rounds, work)}
                 rows.append(row)
-                print(f"rep {rep} {variant:4}  imported {row['to_imported_s']:5.2f}  built "
-                      f"{row['to_built_s']:5.2f}  round0 {row['to_round0_eval_s']:5.2f}  "
-                      f"first block {row['to_first_block_s']:5.2f}  first round ~"
-                      f"{row['to_first_round_s_est']:5.2f}  end {row['to_end_s']:5.2f} s  "
-                      f"(cache: {row['summary_compile_cache']})", flush=True)
+                print(
+                    f"rep {rep} {variant:4}  imported {row['to_imported_s']:5.2f}  built "
+                    f"{row['to_built_s']:5.2f}  round0 {row['to_round0_eval_s']:5.2f}  "
+                    f"first block {row['to_first_block_s']:5.2f}  first round ~"
+                    f"{row['to_first_round_s_est']:5.2f}  end {row['to_end_s']:5.2f} s  "
+                    f"(cache: {row['summary_compile_cache']})",
+                    flush=True,
+                )
     medians = []
     for variant in ("off", "cold", "warm"):
         mine = [r for r in rows if r["variant"] == variant]
         med = {k: round(statistics.median(r[k] for r in mine), 3) for k in KEYS}
         for part in ("jax_to_first_block", "jax_whole_run"):
-            med[part] = {k: round(statistics.median(r[part][k] for r in mine), 3)
-                         for k in mine[0][part]}
+            med[part] = {
+                k: round(statistics.median(r[part][k] for r in mine), 3) for k in mine[0][part]
+            }
         medians.append({"variant": variant, "stat": f"median of {len(mine)}", **med})
     warm = medians[2]["to_first_round_s_est"]
-    medians.append({
-        "variant": "target", "metric": "warm to_first_round_s_est (median)", "value": warm,
-        "target_s": TARGET_S, "passes": warm <= TARGET_S,
-    })
-    env = results.environment()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w") as f:
-        for row in rows + medians:
-            f.write(json.dumps({**row, "env": env}) + "\n")
+    medians.append(
+        {
+            "variant": "target",
+            "metric": "warm to_first_round_s_est (median)",
+            "value": warm,
+            "target_s": TARGET_S,
+            "passes": warm <= TARGET_S,
+        }
+    )
+    common.write_rows(args.out, rows + medians, results.environment(), mode="w")
     for m in medians[:3]:
         print(f"median {m['variant']:4}: " + ", ".join(f"{k} {m[k]}" for k in KEYS))
-    print(f"warm first round ~{warm} s (target {TARGET_S} s: "
-          f"{'passes' if warm <= TARGET_S else 'fails'}); rows in {args.out}")
+    print(
+        f"warm first round ~{warm} s (target {TARGET_S} s: "
+        f"{'passes' if warm <= TARGET_S else 'fails'}); rows in {args.out}"
+    )
 
 
 if __name__ == "__main__":

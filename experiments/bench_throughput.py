@@ -21,7 +21,7 @@ Suites (``--suite``; flags given on the command line override a suite's):
   homogeneous round. A loop is timed on at most LOOP_CLIENTS = 1,000 clients
   of its cohort and its seconds scaled linearly to the cohort (rows marked
   ``extrapolated``); its first rounds always run the whole cohort, their
-  seconds are ``first_round_s`` (``gate_round_s`` for the gate's). Targets (issue "Accelerator throughput"; PASS
+  seconds are ``first_round_s`` (``gate_round_s`` for the gate's). Targets (PASS
   or FAIL on an H100 or H200, "not an H100/H200" elsewhere): the heterogeneous
   round at most 1.25x the bare ``vmap`` (the homogeneous lower bound) at
   W1/1,000, W1/10,000 and W2/100, and at most 0.75x the same engine's
@@ -74,10 +74,12 @@ import datetime
 import functools
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import bench_harness as harness
 import bench_scale
+import common
 import jax
 import numpy as np
 
@@ -302,8 +304,13 @@ def variants(
                             "proportional": proportional,
                         }
 
-                        def build(size=size, unroll=unroll, factory=factory, p=row_plan,
-                                  proportional=proportional):
+                        def build(
+                            size=size,
+                            unroll=unroll,
+                            factory=factory,
+                            p=row_plan,
+                            proportional=proportional,
+                        ):
                             made = None if factory is None else factory()
                             return harness.engine(setup, size, unroll, made, p(), proportional)
 
@@ -322,8 +329,13 @@ def planned_chunk(setup: harness.Setup, factory: Callable | None = None) -> int:
     spec = dataclasses.replace(round_.spec, algorithm=algorithm)
     hyper = setup.hyper if factory is None else algorithm.hyper()
     _, plan = memory.plan_memory(
-        spec, hyper, setup.train, num_clients=round_.sampler.num_clients, rounds=1,
-        slots=setup.cohort, placement="device",
+        spec,
+        hyper,
+        setup.train,
+        num_clients=round_.sampler.num_clients,
+        rounds=1,
+        slots=setup.cohort,
+        placement="device",
     )
     return plan.chunk
 
@@ -492,9 +504,7 @@ def evaluate_file(path: str, markdown: str | None) -> None:
     """Judges the targets over every row of the results file ``path`` (rows of several runs
     of one suite, e.g. one run per workload, or a run cut short), prints them, appends a
     targets line to ``path`` and, with ``markdown``, appends the table there."""
-    with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    rows = [line for line in lines if "targets" not in line]
+    rows = [line for line in common.read_rows(Path(path)) if "targets" not in line]
     if not rows:
         raise ValueError(f"{path} holds no result rows")
     suites = {row.get("suite") for row in rows}
@@ -505,13 +515,8 @@ def evaluate_file(path: str, markdown: str | None) -> None:
     device = env.get("device", "unknown device")
     targets = evaluate_targets(rows, SUITES[suite_name], quick=quick.pop(), device=device)
     print_targets(targets, device)
-    with open(path, "a") as f:
-        f.write(
-            json.dumps(
-                {"targets": targets, "suite": suite_name, "evaluated_rows": len(rows), "env": env}
-            )
-            + "\n"
-        )
+    line = {"targets": targets, "suite": suite_name, "evaluated_rows": len(rows)}
+    common.write_rows(Path(path), [line], env)
     if markdown:
         with open(markdown, "a") as f:
             f.write(targets_markdown(targets, device))
@@ -646,7 +651,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     stamp = datetime.datetime.now(datetime.UTC)
-    out = harness.results_path(args.out, f"throughput-{backend}-{suite_name}", quick=args.quick)
+    out = common.results_path(args.out, f"throughput-{backend}-{suite_name}", quick=args.quick)
     quick = "-quick" if args.quick else ""
     env = results.environment()
     print(
@@ -659,7 +664,7 @@ def main(argv: list[str] | None = None) -> None:
         workload = WORKLOADS[name]
         for cohort in cohorts or cohorts_of.get(name, ()):
             print(f"{name}, cohort {cohort}", flush=True)
-            common = {
+            shared = {
                 "workload": name,
                 "model": workload.make_model().name,
                 "examples_per_client": workload.examples_per_client,
@@ -693,17 +698,14 @@ def main(argv: list[str] | None = None) -> None:
                 max_s=max_s,
                 matmul_precision=args.matmul_precision,
             )
-            rows = [{**common, **row} for row in rows]
+            rows = [{**shared, **row} for row in rows]
             all_rows += rows
-            with out.open("a") as f:
-                for row in rows:
-                    f.write(json.dumps({**row, "env": env}) + "\n")
+            common.write_rows(out, rows, env)
 
     if suite.targets and not args.no_targets:
         targets = evaluate_targets(all_rows, suite, quick=args.quick, device=env["device"])
         print_targets(targets, env["device"])
-        with out.open("a") as f:
-            f.write(json.dumps({"targets": targets, "suite": suite_name, "env": env}) + "\n")
+        common.write_rows(out, [{"targets": targets, "suite": suite_name}], env)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""How long a checkpoint takes and how big it is (issue 15's closing figures).
+"""How long a checkpoint takes and how big it is.
 
 Two runs, each built from its config as ``fedjax-het run`` builds it, with a
 run state as training leaves it (``Setup.init``: the sizes and dtypes are the
@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 import jax
 import numpy as np
 
@@ -38,9 +39,13 @@ from fedjax_het.training import checkpoint, simulate
 
 CASES = {
     "default": [],
-    "scaffold_10k": ['algorithm.name="scaffold"', "data.num_clients=10000",
-                     'partition.kind="iid"', "model.name=logistic_regression",
-                     'engine.client_state="device"'],
+    "scaffold_10k": [
+        'algorithm.name="scaffold"',
+        "data.num_clients=10000",
+        'partition.kind="iid"',
+        "model.name=logistic_regression",
+        'engine.client_state="device"',
+    ],
 }
 
 
@@ -48,9 +53,19 @@ def measure(overrides: list[str], reps: int) -> dict:
     exp = config.build(config.load(None, overrides))
     kwargs = exp.run_kwargs()
     setup = simulate.Setup.build(
-        exp.data, exp.model, exp.algorithm, exp.sampler, rounds=kwargs["rounds"], work=exp.work,
-        hyper=exp.hyper, eval_every=kwargs["eval_every"], chunk=kwargs["chunk"], unroll=1,
-        weighting="examples", eval_batch_size=1024, client_state=kwargs["client_state"],
+        exp.data,
+        exp.model,
+        exp.algorithm,
+        exp.sampler,
+        rounds=kwargs["rounds"],
+        work=exp.work,
+        hyper=exp.hyper,
+        eval_every=kwargs["eval_every"],
+        chunk=kwargs["chunk"],
+        unroll=1,
+        weighting="examples",
+        eval_batch_size=1024,
+        client_state=kwargs["client_state"],
     )
     state = jax.block_until_ready(setup.init(rng.seed_key(0)))
     recorder = simulate.Recorder(time.perf_counter(), None)
@@ -73,8 +88,10 @@ def measure(overrides: list[str], reps: int) -> dict:
         "client_state_bytes": setup.state_plan.held_bytes(setup.round.store),
         "bytes": size,
         "size": format_bytes(size),
-        "save_s_median": statistics.median(saves), "save_s_range": [min(saves), max(saves)],
-        "load_s_median": statistics.median(loads), "load_s_range": [min(loads), max(loads)],
+        "save_s_median": statistics.median(saves),
+        "save_s_range": [min(saves), max(saves)],
+        "load_s_median": statistics.median(loads),
+        "load_s_range": [min(loads), max(loads)],
         "reps": reps,
     }
 
@@ -85,13 +102,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 reps")
     args = parser.parse_args()
     reps = 2 if args.quick else args.reps
-    path = Path(__file__).parent / "results" / "checkpoint_cost.jsonl"
+    path = common.RESULTS / "checkpoint_cost.jsonl"
     environment = results.environment()
-    with path.open("w") as f:
-        for name, overrides in CASES.items():
-            row = {"case": name, **measure(overrides, reps), "environment": environment}
-            print(json.dumps({k: v for k, v in row.items() if k != "environment"}))
-            f.write(json.dumps(row) + "\n")
+    rows = []
+    for name, overrides in CASES.items():
+        rows.append({"case": name, **measure(overrides, reps)})
+        print(json.dumps(rows[-1]))
+    common.write_rows(path, rows, environment, key="environment", mode="w")
     print(f"wrote {path}")
 
 

@@ -1,4 +1,4 @@
-"""The default experiment trained locally in float32 and in bfloat16 (issue 11, item 5).
+"""The default experiment trained locally in float32 and in bfloat16.
 
 Both use ``fedjax_het.config.DEFAULTS`` (Fashion-MNIST subset, 100 Dirichlet-0.5
 clients, 784-200-200-10 MLP, FedAvg, 10 clients a round, one epoch of batch 20,
@@ -42,7 +42,12 @@ def run_once(precision: str, rounds: int) -> dict:
     e = config.build(config.load(None, [f"rounds={rounds}", f'engine.precision="{precision}"']))
     stamps = []
     history = simulate.run(
-        e.data, e.model, e.algorithm, e.sampler, **e.run_kwargs(), progress=False,
+        e.data,
+        e.model,
+        e.algorithm,
+        e.sampler,
+        **e.run_kwargs(),
+        progress=False,
         on_eval=lambda line: stamps.append((line["round"], time.perf_counter())),
     )
     (_, t0), (_, t1), *rest = stamps
@@ -63,8 +68,13 @@ def summarise(runs: list[dict]) -> dict:
     steady = np.concatenate([r["steady_s_per_round"] for r in runs])
     first = runs[0]
     return {
-        **{k: first[k] for k in ("final_test_accuracy", "best_test_accuracy", "client_accuracy_p10")},
-        "deterministic": all(r["final_test_accuracy"] == first["final_test_accuracy"] for r in runs),
+        **{
+            k: first[k]
+            for k in ("final_test_accuracy", "best_test_accuracy", "client_accuracy_p10")
+        },
+        "deterministic": all(
+            r["final_test_accuracy"] == first["final_test_accuracy"] for r in runs
+        ),
         "completed": all(r["status"] == "completed" for r in runs),
         "first_block_s_with_compile": [round(r["first_block_s_with_compile"], 3) for r in runs],
         "steady_blocks": int(steady.size),
@@ -76,7 +86,9 @@ def summarise(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=config.DEFAULTS["rounds"])
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each precision, alternating")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each precision, alternating"
+    )
     parser.add_argument("--quick", action="store_true", help="30 rounds x 1 repeat, not written")
     args = parser.parse_args()
     rounds, repeats = (30, 1) if args.quick else (args.rounds, args.repeats)
@@ -89,7 +101,9 @@ def main() -> None:
     rows = {p: summarise(r) for p, r in runs.items()}
     gap = rows["bfloat16"]["final_test_accuracy"] - rows["float32"]["final_test_accuracy"]
     valid = abs(gap) <= GATE and all(r["completed"] and r["deterministic"] for r in rows.values())
-    ratio = rows["bfloat16"]["steady_s_per_round_median"] / rows["float32"]["steady_s_per_round_median"]
+    ratio = (
+        rows["bfloat16"]["steady_s_per_round_median"] / rows["float32"]["steady_s_per_round_median"]
+    )
     report = {
         "experiment": "config.DEFAULTS, [engine] precision float32 vs bfloat16",
         "rounds": rounds,

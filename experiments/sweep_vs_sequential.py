@@ -1,6 +1,6 @@
 """A 16-cell grid as one ``vmap``-ed sweep against the same 16 runs one after another.
 
-Issue 11, item 3: ``fedjax-het sweep`` compiles a grid of traced settings once
+``fedjax-het sweep`` compiles a grid of traced settings once
 and trains its cells together. This measures what that buys on this machine,
 in one process, for 4 client learning rates x 4 seeds of a small W1-like run
 (``experiments/README.md``: MLP 784-200-200-10 on the shipped Fashion-MNIST
@@ -43,12 +43,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,7 +57,7 @@ from fedjax_het import grid, results, rng
 from fedjax_het.sweep import Cell, sweep
 from fedjax_het.training import simulate
 
-OUT = Path(__file__).parent / "bench_results" / "sweep-vs-sequential-cpu.jsonl"
+OUT = common.BENCH_RESULTS / "sweep-vs-sequential-cpu.jsonl"
 GATE_RTOL = 1e-4
 CONFIG = [
     'data.name="fashion_mnist"',
@@ -85,23 +85,13 @@ def gate_error(got, want) -> float:
 
 
 def timed(fn, *, reps: int) -> dict[str, Any]:
-    """Median and min-max seconds of ``fn()`` (which blocks until ready) after one warm-up."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-        "times_s": times,
-        "reps": reps,
-    }
+    """Median and min-max seconds of ``fn()`` after one warm-up."""
+    times = common.interleaved({"fn": fn}, reps=reps, warmup=1)["fn"]["seconds"]
+    return {**common.seconds_summary(times), "times_s": times, "reps": reps}
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Measures, prints and appends the record (the environment added under ``env``)."""
     env = results.environment()
     overrides = [*CONFIG, f"rounds={args.rounds}", f"eval_every={args.eval_every}"]
     plan = grid.plan(None, overrides, [grid.parse_axis(a) for a in AXES], one_program=True)
@@ -119,38 +109,69 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     swept, sweep_s = {}, {}
     for mode, batch in MODES.items():
         t0 = time.perf_counter()
-        swept[mode] = sweep(exp.data, exp.model, exp.algorithm, exp.sampler, cells=cells,
-                            cell_batch=batch, progress=False, **kwargs)
+        swept[mode] = sweep(
+            exp.data,
+            exp.model,
+            exp.algorithm,
+            exp.sampler,
+            cells=cells,
+            cell_batch=batch,
+            progress=False,
+            **kwargs,
+        )
         sweep_s[mode] = time.perf_counter() - t0
     sequential, run_s = [], []
     for cell in cells:
         t0 = time.perf_counter()
-        sequential.append(simulate.run(
-            exp.data, exp.model, exp.algorithm, exp.sampler, seed=cell.seed, hyper=cell.hyper,
-            progress=False, **kwargs,
-        ))
+        sequential.append(
+            simulate.run(
+                exp.data,
+                exp.model,
+                exp.algorithm,
+                exp.sampler,
+                seed=cell.seed,
+                hyper=cell.hyper,
+                progress=False,
+                **kwargs,
+            )
+        )
         run_s.append(time.perf_counter() - t0)
     drift = {}
     for mode, histories in swept.items():
         drift[mode] = {
-            "max_rel_error": max(gate_error(a.params, b.params)
-                                 for a, b in zip(histories, sequential)),
+            "max_rel_error": max(
+                gate_error(a.params, b.params) for a, b in zip(histories, sequential)
+            ),
             "max_final_accuracy_gap": max(
                 abs(a.summary["final_test_accuracy"] - b.summary["final_test_accuracy"])
                 for a, b in zip(histories, sequential)
             ),
         }
-        print(f"whole runs ({mode}): max relative param difference "
-              f"{drift[mode]['max_rel_error']:.2e}, final accuracy gap "
-              f"{drift[mode]['max_final_accuracy_gap']:.2e}")
+        print(
+            f"whole runs ({mode}): max relative param difference "
+            f"{drift[mode]['max_rel_error']:.2e}, final accuracy gap "
+            f"{drift[mode]['max_final_accuracy_gap']:.2e}"
+        )
 
     # Steady state: one block of eval_every rounds of each compiled program.
     def build(runs: int) -> simulate.Setup:
         return simulate.Setup.build(
-            exp.data, exp.model, exp.algorithm, exp.sampler, rounds=args.rounds, work=exp.work,
-            hyper=None, eval_every=args.eval_every, chunk=kwargs["chunk"], unroll=kwargs["unroll"],
-            weighting=kwargs["weighting"], eval_batch_size=kwargs["eval_batch_size"],
-            client_state="device", runs=runs, precision=kwargs["precision"], devices=1,
+            exp.data,
+            exp.model,
+            exp.algorithm,
+            exp.sampler,
+            rounds=args.rounds,
+            work=exp.work,
+            hyper=None,
+            eval_every=args.eval_every,
+            chunk=kwargs["chunk"],
+            unroll=kwargs["unroll"],
+            weighting=kwargs["weighting"],
+            eval_batch_size=kwargs["eval_batch_size"],
+            client_state="device",
+            runs=runs,
+            precision=kwargs["precision"],
+            devices=1,
         )
 
     ids = jnp.arange(args.eval_every, dtype=jnp.int32)
@@ -165,10 +186,18 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         key = rng.seed_key(cell.seed)
         runs.append((one.programs(key, hyper=hyper, donate=False)[0], one.init(key, hyper=hyper)))
     reference = [b(s, ids, None)[0].server_state for b, s in runs]
-    blocks, gate = {}, {"rtol": GATE_RTOL, "whole_runs_map_bitwise": drift["map"]["max_rel_error"] == 0}
+    blocks, gate = (
+        {},
+        {"rtol": GATE_RTOL, "whole_runs_map_bitwise": drift["map"]["max_rel_error"] == 0},
+    )
     for mode, batch in MODES.items():
-        blocks[mode], _ = many.programs(keys, cells=True, hyper=stacked, donate=False,
-                                        cell_batch=None if batch == len(cells) else batch)
+        blocks[mode], _ = many.programs(
+            keys,
+            cells=True,
+            hyper=stacked,
+            donate=False,
+            cell_batch=None if batch == len(cells) else batch,
+        )
         out = blocks[mode](state, ids, None)[0].server_state
         gate[f"block_{mode}_max_rel_error"] = max(
             gate_error(jax.tree.map(lambda a, i=i: a[i], out), ref)
@@ -194,40 +223,55 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     first = {f"sweep_{m}_s": swept[m][0].summary["first_block_s_with_compile"] for m in MODES}
     record = {
         "benchmark": "sweep_vs_sequential",
-        "cells": len(cells), "axes": list(AXES), "config": overrides,
-        "rounds": args.rounds, "eval_every": args.eval_every,
+        "cells": len(cells),
+        "axes": list(AXES),
+        "config": overrides,
+        "rounds": args.rounds,
+        "eval_every": args.eval_every,
         "gate": gate,
         "whole_run_drift": drift,
         "end_to_end": {
             **{f"sweep_{m}_s": sweep_s[m] for m in MODES},
-            "sequential_s": sum(run_s), "sequential_runs_s": run_s,
+            "sequential_s": sum(run_s),
+            "sequential_runs_s": run_s,
             **{f"ratio_sequential_over_sweep_{m}": sum(run_s) / sweep_s[m] for m in MODES},
         },
         "first_block_with_compile": {
-            **first, "sequential_total_s": sum(first_runs),
+            **first,
+            "sequential_total_s": sum(first_runs),
             "one_run_median_s": statistics.median(first_runs),
         },
         "steady_block": {
-            "rounds_per_block": args.eval_every, **steady,
-            **{f"ratio_sequential_over_sweep_{m}":
-               steady["sequential"]["median_s"] / steady[f"sweep_{m}"]["median_s"] for m in MODES},
+            "rounds_per_block": args.eval_every,
+            **steady,
+            **{
+                f"ratio_sequential_over_sweep_{m}": steady["sequential"]["median_s"]
+                / steady[f"sweep_{m}"]["median_s"]
+                for m in MODES
+            },
         },
-        "env": env,
     }
     e2e = record["end_to_end"]
-    print(f"end to end: sequential {sum(run_s):.1f} s; " + ", ".join(
-        f"sweep ({m}) {sweep_s[m]:.1f} s (x{e2e[f'ratio_sequential_over_sweep_{m}']:.2f})"
-        for m in MODES))
-    print(f"first block with compile: 16 runs {sum(first_runs):.1f} s; " + ", ".join(
-        f"sweep ({m}) {first[f'sweep_{m}_s']:.1f} s" for m in MODES))
-    print(f"steady block of {args.eval_every} rounds (median, min-max): " + "; ".join(
-        f"{name} {t['median_s']:.3f} s ({t['min_s']:.3f}-{t['max_s']:.3f})"
-        for name, t in steady.items()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(f"appended to {out}")
+    print(
+        f"end to end: sequential {sum(run_s):.1f} s; "
+        + ", ".join(
+            f"sweep ({m}) {sweep_s[m]:.1f} s (x{e2e[f'ratio_sequential_over_sweep_{m}']:.2f})"
+            for m in MODES
+        )
+    )
+    print(
+        f"first block with compile: 16 runs {sum(first_runs):.1f} s; "
+        + ", ".join(f"sweep ({m}) {first[f'sweep_{m}_s']:.1f} s" for m in MODES)
+    )
+    print(
+        f"steady block of {args.eval_every} rounds (median, min-max): "
+        + "; ".join(
+            f"{name} {t['median_s']:.3f} s ({t['min_s']:.3f}-{t['max_s']:.3f})"
+            for name, t in steady.items()
+        )
+    )
+    common.write_rows(Path(args.out), [record], env)
+    print(f"appended to {args.out}")
     return record
 
 
