@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -182,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             args.out = args.out if args.out is not None else _default_out(experiment.config)
+            args.made_out = not os.path.exists(args.out)
             if distributed.writes_results():
                 results.prepare_out_dir(args.out, overwrite=args.overwrite,
                                         resume=bool(args.resume))
@@ -293,6 +295,10 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
         return _error(err, 1)
     except (OutDirError, CheckpointError) as err:
         return _error(err)
+    except config_lib.ConfigError as err:  # found while planning: memory, availability
+        if getattr(args, "made_out", False) and not any(Path(out).iterdir()):
+            Path(out).rmdir()  # made for this run, which never started
+        return _config_error(err)
     s = history.summary
     if not distributed.writes_results():
         return 0

@@ -326,6 +326,8 @@ FIRST_HOUR_CASES = [
          run(*POLICY, "policy.readiness=1.5"), "policy.readiness", "(0, 1)"),
     case("policy.readiness below 0 under a deadline policy",
          run(*POLICY, "policy.readiness=-1"), "policy.readiness", "(0, 1)"),
+    case("a batch no device holds", run("local.batch_size=1000000000"),
+         "does not fit the device"),
 ]
 
 

@@ -52,6 +52,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from fedjax_het.configuring import ConfigError
 from fedjax_het.engine.client_store import (
     StatePlan,
     available_memory,
@@ -254,7 +255,7 @@ def plan_memory(
             return state, chunk_plan
         except ValueError as error:
             errors.append(f"on the {where}: {error}" if placement == "auto" else str(error))
-    raise ValueError("; ".join(errors))
+    raise ConfigError("; ".join(errors))
 
 
 def preferred_chunk(spec: LocalSpec, train: DeviceSplit, cohort: int) -> int:

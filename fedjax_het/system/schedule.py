@@ -69,6 +69,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_het import rng
 from fedjax_het.system import availability as avail
@@ -98,8 +99,8 @@ from fedjax_het.typing import PRNGKey
 
 __all__ = [
     "DROPPED", "EMPTY", "LATE", "OK", "OUTCOMES", "UNAVAILABLE", "Schedule", "SelectFn",
-    "as_select_fn", "plan_round", "sampler_select", "schedule", "schedule_round",
-    "select_among_ready",
+    "as_select_fn", "never_ready", "plan_round", "sampler_select", "schedule", "schedule_round",
+    "select_among_ready", "wait_for_ready",
 ]  # fmt: skip
 
 
@@ -219,6 +220,50 @@ def _row(
     return row, late
 
 
+def wait_for_ready(
+    profiles: ClientProfiles, policy: RoundPolicy, start: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``(start, ready)``: when a synchronous round starts, and who is ready when clients start.
+
+    A round whose selection looks at availability waits on the virtual clock while nobody
+    is ready: its start moves to the first time a client becomes ready (less the
+    overhead), as the asynchronous server jumps to the next ready time; FLHetBench's server
+    waits in 20 s windows instead (notes §4.2). Then nobody trains in a zero-length round.
+    When no client will ever be ready the start stays and nobody is ready (the run's plan
+    refuses that: ``never_ready``). Selection blind to availability sees everyone ready.
+    """
+    dtype = profiles.step_time.dtype
+    start = jnp.asarray(start, dtype)
+    if not policy.availability_aware:
+        return start, jnp.ones((profiles.num_clients,), bool)
+    av, overhead = avail.queryable(profiles.availability), policy.overhead.astype(dtype)
+    first = jnp.min(jax.vmap(avail.next_ready, in_axes=(None, 0, None))(
+        av, profiles.trace, start + overhead
+    ))  # fmt: skip
+    # One ulp later, so that start + overhead lands in the interval, not before it by rounding.
+    waited = jnp.maximum(start, jnp.nextafter(first - overhead, jnp.asarray(jnp.inf, dtype)))
+    start = jnp.where(first > start + overhead, jnp.where(jnp.isfinite(first), waited, start), start)
+    ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(av, profiles.trace, start + overhead)
+    return start, ready
+
+
+def never_ready(profiles: ClientProfiles, policy: RoundPolicy, rows: Schedule) -> int | None:
+    """The first round of ``rows`` (``[R, S]``) from whose start on no client is ever ready
+    again, so that it and every later round trains nobody; None if there is none."""
+    if not policy.availability_aware:
+        return None
+    valid = np.asarray(rows.valid)
+    empty = (valid & (np.asarray(rows.outcome) == UNAVAILABLE)).sum(-1) == valid.sum(-1)
+    if not empty.any():
+        return None
+    first = int(np.argmax(empty))
+    at = jnp.asarray(np.asarray(rows.start)[first], profiles.step_time.dtype) + policy.overhead
+    later = jax.vmap(avail.next_ready, in_axes=(None, 0, None))(
+        avail.queryable(profiles.availability), profiles.trace, at
+    )
+    return None if bool(jnp.isfinite(later).any()) else first
+
+
 def plan_round(
     profiles: ClientProfiles,
     policy: RoundPolicy,
@@ -239,13 +284,7 @@ def plan_round(
     Availability-aware policies pass the readiness of every client at ``start +
     overhead`` to ``select``; ``ceil(cohort_size * (1 + over_commit))`` slots are used.
     """
-    t0 = jnp.asarray(start, profiles.step_time.dtype) + policy.overhead
-    if policy.availability_aware:
-        ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(
-            avail.queryable(profiles.availability), profiles.trace, t0
-        )
-    else:
-        ready = jnp.ones((profiles.num_clients,), bool)
+    start, ready = wait_for_ready(profiles, policy, start)
     key_r = rng.round_key(key, round_idx)
     ids, valid = as_select_fn(select)(rng.stream(key_r, "select"), round_idx, ready)
     num_slots = ids.shape[0]

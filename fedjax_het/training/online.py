@@ -52,7 +52,6 @@ from fedjax_het.engine.cohort import run_cohort
 from fedjax_het.engine.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
 from fedjax_het.engine.round import Round, RunState, server_stream
 from fedjax_het.models import Model
-from fedjax_het.system import availability as avail
 from fedjax_het.system.policy import RoundPolicy, num_selected
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.sampler import (
@@ -62,7 +61,14 @@ from fedjax_het.system.sampler import (
     LearnedSelection,
     as_selection,
 )
-from fedjax_het.system.schedule import EMPTY, OK, UNAVAILABLE, Schedule, schedule_round
+from fedjax_het.system.schedule import (
+    EMPTY,
+    OK,
+    UNAVAILABLE,
+    Schedule,
+    schedule_round,
+    wait_for_ready,
+)
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
@@ -215,7 +221,8 @@ class OnlineRound:
         m = round_.sampler.cohort_size
         broadcast = round_.algorithm.broadcast(state.run.server_state)
         down, up = payload_bytes(round_.algorithm, broadcast)
-        ids, valid, selection_state = self._select(state, round_idx, inputs, down, up)
+        start, ready = wait_for_ready(profiles, policy, state.clock)
+        ids, valid, selection_state = self._select(state, round_idx, inputs, ready, down, up)
         valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
         payload_up = jnp.full((profiles.num_clients,), up, jnp.float32)
         freezing = round_.algorithm.freezing
@@ -234,7 +241,7 @@ class OnlineRound:
                 step_time=profiles.step_time.at[ids].multiply(scale[ids, depth])
             )
         row, clock = schedule_round(
-            profiles, policy, round_idx=round_idx, start=state.clock, key=inputs.key,
+            profiles, policy, round_idx=round_idx, start=start, key=inputs.key,
             selected=ids, valid=valid, steps_needed=inputs.steps_needed, payload_down=down,
             payload_up=payload_up, cohort_size=m,
         )
@@ -256,8 +263,11 @@ class OnlineRound:
         )
         return state, (metrics, row)
 
-    def _select(self, state: OnlineState, round_idx, inputs: RoundInputs, down: float, up: float):
-        """``(ids, valid, selection state)``, after the selection's profile on its rounds."""
+    def _select(
+        self, state: OnlineState, round_idx, inputs: RoundInputs, ready, down: float, up: float
+    ):
+        """``(ids, valid, selection state)`` among the ``ready`` clients, after the
+        selection's profile on its rounds."""
         profiles, selection = inputs.profiles, self.selection
         selection_state = state.selection
         if selection.profile is not None:
@@ -272,13 +282,6 @@ class OnlineRound:
             selection_state = jax.lax.cond(
                 round_idx % selection.profile_every == 0, profiled, lambda s: s, selection_state
             )
-        if self.policy.availability_aware:
-            ready = jax.vmap(avail.is_ready, in_axes=(None, 0, None))(
-                avail.queryable(profiles.availability), profiles.trace,
-                state.clock + self.policy.overhead,
-            )
-        else:
-            ready = jnp.ones((profiles.num_clients,), bool)
         select_key = rng.stream(rng.round_key(inputs.key, round_idx), "select")
         report = ClientReport(
             seconds=down / profiles.down_mean + inputs.steps_needed * profiles.step_time

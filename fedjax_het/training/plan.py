@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_het.configuring import ConfigError
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine.algorithm import FederatedAlgorithm
@@ -118,7 +119,22 @@ def plan_runs(
     batched = jax.vmap(
         lambda profiles, policy, key: make(profiles, policy, key=key), in_axes=(axes, 0, 0)
     )
-    return jax.jit(batched)(profiles, policy, keys)
+    plans = jax.jit(batched)(profiles, policy, keys)
+    for i, system in enumerate(systems):
+        _check_someone_ready(system, jax.tree.map(lambda a, i=i: a[i], plans))
+    return plans
+
+
+def _check_someone_ready(system: System, rows: Schedule) -> None:
+    """Refuses a run in which, from some round on, no client will ever be ready again."""
+    stuck = scheduling.never_ready(system.profiles, system.policy, rows)
+    if stuck is not None:
+        at = float(rows.start[stuck])
+        raise ConfigError(
+            f"no client is ever ready again from round {stuck} on (virtual time {at:.0f} s): "
+            "the availability traces have no ready window left; check system.availability "
+            "(or its trace file) and policy.start"
+        )
 
 
 def _check_population(system: System, data: FederatedData) -> None:
