@@ -76,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
     )
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_run_and_sweep(commands)
+    _add_inspection(commands)
+    _add_compare(commands)
+    return main
+
+
+def _add_run_and_sweep(commands) -> None:
     run = commands.add_parser(
         "run", help="run an experiment and write its results",
         description="Run an experiment: train, evaluate every eval_every rounds, and write "
@@ -86,6 +93,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output directory (default: runs/<data>-<algorithm>-<time>)")
     _add_resume_args(run, "RUN_DIR", "a run directory")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+
 
     sweep = commands.add_parser(
         "sweep", help="run a grid of experiments, as few compiled programs as it allows",
@@ -111,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
                        help="cells a program runs at once; more run in chunks through the same "
                        "program (default: all whose client states fit on the device)")
 
+
+def _add_inspection(commands) -> None:
+    """``config``, ``data describe`` and ``hetero describe``."""
     show = commands.add_parser(
         "config", help="print the resolved config",
         description="Print the config after defaults and --set overrides, as TOML; validates it.",
@@ -144,6 +155,8 @@ def parser() -> argparse.ArgumentParser:
     describe.add_argument("--mc-trips", type=int, default=10_000,
                           help="client trips of the T-metric runs (paper: 10,000)")
 
+
+def _add_compare(commands) -> None:
     compare = commands.add_parser(
         "compare", help="compare run directories: one plot of their curves and a table",
         description="Read run directories (a sweep's directory stands for its cell-NNN runs); "
@@ -161,7 +174,6 @@ def parser() -> argparse.ArgumentParser:
                          help="the plot's path (default: compare.png); the table goes beside "
                          "it as .md; existing files are kept unless --overwrite")
     compare.add_argument("--overwrite", action="store_true", help="replace existing files")
-    return main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
