@@ -21,19 +21,50 @@ def test_every_module_sits_in_a_layer():
     assert not unplaced, f"modules in no layer of docs/make_diagram.py's LAYERS: {unplaced}"
 
 
-def test_imports_only_go_down_the_layers():
-    diagram = _diagram()
+def violations(diagram, graph) -> list[str]:
+    """Every import of ``graph`` (``{module: {imported: eager}}``) against the layers."""
     allowed = {layer: {layer, *below} for layer, _, _, below in diagram.LAYERS}
-    wrong = [
+    return sorted(
         f"{name} ({diagram.group_of(name)}) imports {target} ({diagram.group_of(target)})"
-        for name, edges in diagram.imports(diagram.modules()).items()
+        for name, edges in graph.items()
         for target in edges
         if diagram.group_of(target) not in allowed[diagram.group_of(name)]
-    ]
-    assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
+    )
 
 
-def test_the_layer_rule_can_fail():
+def test_imports_only_go_down_the_layers():
     diagram = _diagram()
-    allowed = {layer: set(below) for layer, _, _, below in diagram.LAYERS}
-    assert "training" not in allowed["engine"] and "engine" not in allowed["data"]
+    wrong = violations(diagram, diagram.imports(diagram.modules()))
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_an_import_up_the_layers_is_found():
+    diagram = _diagram()
+    upward = {"fedjax_het.engine.round": {"fedjax_het.training.simulate": False}}
+    assert violations(diagram, upward) == [
+        "fedjax_het.engine.round (engine) imports fedjax_het.training.simulate (training)"
+    ]
+    assert violations(diagram, {"fedjax_het.training.simulate": {"fedjax_het.engine.round": True}}) == []
+
+
+def _python_files():
+    for folder in ("fedjax_het", "algorithms", "sampling"):
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_no_module_over_500_lines():
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in _python_files()
+            if (n := len(p.read_text().splitlines())) > 500]  # fmt: skip
+    assert not long, f"modules over 500 lines (split them by what they do): {long}"
+
+
+def test_no_function_over_80_lines():
+    import ast
+
+    long = []
+    for path in _python_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            if function and (n := node.end_lineno - node.lineno + 1) > 80:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})")
+    assert not long, f"functions over 80 lines (extract named steps): {long}"
