@@ -322,6 +322,8 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     )
     for line in _system_lines(s, experiment.data.num_clients, steps.split()[-1][:-1]):
         print(line)
+    for warning in s.get("warnings", ()):
+        print(f"warning: {warning}", file=sys.stderr)
     if "staleness_histogram" in s:
         print(
             f"asynchronous server: {s['applied']} updates applied, {s['discarded']} discarded as "

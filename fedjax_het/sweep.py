@@ -260,8 +260,9 @@ def _plans(
         keys=keys,
     )
     accountings = [
-        schedule_accounting(_take(plans, i), setup.round.spec, data.train.count, data.num_clients)
-        for i in range(len(cells))
+        schedule_accounting(_take(plans, i), setup.round.spec, data.train.count, data.num_clients,
+                            float(cell.system.policy.start))
+        for i, cell in enumerate(cells)
     ]
     return plans, accountings
 

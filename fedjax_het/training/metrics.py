@@ -171,10 +171,45 @@ class ScheduleAccounting:
             "wasted_share": final["wasted_share"],
             "participation_gini": gini(self.participation),
             "clients_never_participated": int(np.sum(self.participation == 0)),
+            "rounds_nobody_counted": int(np.sum(self.per_round["ok"] == 0)),
         }
 
 
 OUTCOME_NAMES = ("ok", "unavailable", "late", "dropped")
+GINI_WARNING = 0.6
+"""Participation Gini above which a run's end warns that a few clients did most rounds."""
+
+
+def system_warnings(totals: dict[str, Any], num_clients: int, steps: int) -> list[str]:
+    """What a researcher would want to know about a run with a system, each with its likely
+    cause and the option that changes it (``summary.json``'s ``warnings``; the command prints
+    them). ``totals`` is the accounting's; ``steps`` the rounds or server events run."""
+    out = []
+    never = totals.get("clients_never_participated", 0)
+    if never:
+        out.append(
+            f"{never} of {num_clients} clients never trained: they were never ready when "
+            "selected or always late or dropped; see policy.start (the FLASH traces start at "
+            "a midnight, when few devices are ready), system.availability, policy.deadline, "
+            "rounds"
+        )
+    gini_ = totals.get("participation_gini", 0.0)
+    if gini_ > GINI_WARNING:
+        out.append(
+            f"participation is concentrated (Gini {gini_:.2f}): a few clients did most of the "
+            "training, so the model mostly learned their data; with availability-aware "
+            "selection only ready clients are picked (policy.start, system.availability = "
+            '"loose", policy.availability_aware)'
+        )
+    empty = totals.get("rounds_nobody_counted", totals.get("stalled_events", 0))
+    if empty:
+        what = "rounds" if "rounds_nobody_counted" in totals else "server events"
+        out.append(
+            f"{empty} of {steps} {what} aggregated no update: every selected client was late, "
+            'dropped or unavailable; raise policy.deadline, set policy.on_late = "partial", '
+            "lower system.dropout or select more clients (sampler.clients_per_round)"
+        )
+    return out
 
 
 def _examples_processed(s, spec, count: np.ndarray) -> np.ndarray:
@@ -184,8 +219,12 @@ def _examples_processed(s, spec, count: np.ndarray) -> np.ndarray:
     return np.where(np.asarray(s.valid), processed, 0)
 
 
-def schedule_accounting(plans, spec, count: np.ndarray, num_clients: int) -> ScheduleAccounting:
-    """Accounts a ``system.schedule.Schedule`` of a run with local work ``spec.work``."""
+def schedule_accounting(
+    plans, spec, count: np.ndarray, num_clients: int, origin: float | None = None
+) -> ScheduleAccounting:
+    """Accounts a ``system.schedule.Schedule`` of a run with local work ``spec.work``; the
+    virtual clock counts from ``origin`` (the policy's ``start``: a first round that waited
+    for a ready client starts later), default the first round's start."""
     s = jax.device_get(plans)
     valid = np.asarray(s.valid)
     outcome = np.where(valid, np.asarray(s.outcome), -1)
@@ -193,7 +232,8 @@ def schedule_accounting(plans, spec, count: np.ndarray, num_clients: int) -> Sch
     ok = outcome == 0
     per_round = {
         "duration_s": np.asarray(s.duration, np.float64),
-        "clock_s": np.asarray(s.clock, np.float64) - float(np.asarray(s.start)[0]),
+        "clock_s": np.asarray(s.clock, np.float64)
+        - float(np.asarray(s.start)[0] if origin is None else origin),
         **{name: np.sum(outcome == code, axis=1) for code, name in enumerate(OUTCOME_NAMES)},
         "bytes_down": np.asarray(s.bytes_down, np.float64).sum(axis=1),
         "bytes_up": np.asarray(s.bytes_up, np.float64).sum(axis=1),

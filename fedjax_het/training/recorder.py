@@ -29,6 +29,7 @@ from fedjax_het.training.metrics import (
     EventAccounting,
     ScheduleAccounting,
     client_accuracy_summary,
+    system_warnings,
     time_to_accuracy,
 )
 from fedjax_het.training.programs import Setup
@@ -277,6 +278,10 @@ class Recorder:
             ),
             **(self.accounting.totals() if self.accounting else {}),
         }
+        if self.accounting:
+            summary["warnings"] = system_warnings(
+                summary, setup.data.num_clients, len(self.accounting.per_round["clock_s"])
+            )
         algorithm = setup.round.algorithm
         if algorithm.report is not None:
             values = {k: float(v) for k, v in (setup.hyper if hyper is None else hyper).items()}

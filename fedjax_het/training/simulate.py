@@ -244,7 +244,8 @@ def _plan(
         )
     if timing.system is not None:
         plans = plan_run(timing.system, data, spec, setup.round.sampler, rounds=rounds, key=key)
-        return plans, schedule_accounting(plans, spec, data.train.count, data.num_clients)
+        origin = float(timing.system.policy.start)
+        return plans, schedule_accounting(plans, spec, data.train.count, data.num_clients, origin)
     return None, None
 
 
@@ -291,7 +292,8 @@ def _run_online(
 
     def account():
         recorder.accounting = schedule_accounting(
-            _concat(rows), spec, data.train.count, data.num_clients
+            _concat(rows), spec, data.train.count, data.num_clients,
+            float(timing.system.policy.start),
         )
 
     def record(done, block_output, ev):
