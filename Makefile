@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench device-check lint clean
+.PHONY: run test test-slow bench device-check lint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,14 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/activate
 run: $(VENV)/.installed
 	$(BIN)/fedjax-het run $(ARGS)
 
+# The suite over every core (pytest-xdist), in two parts: `make test` leaves out the tests marked
+# slow (statistics over many draws, runs in several processes), `make test-slow` runs only those.
+# PYTEST_ARGS narrows either: make test PYTEST_ARGS="tests/test_config.py -k toml".
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -n auto -m slow $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(BIN)/python experiments/bench_throughput.py $(ARGS)

@@ -9,6 +9,10 @@
 - The persistent compilation cache is a temporary folder of the session
   (``FEDJAX_HET_CACHE_DIR``), so that no test writes to ``~/.cache/fedjax_het``.
 
+Each pytest-xdist worker (``make test`` runs ``pytest -n auto``) is a process of its own that
+runs this file: it gets the four devices and a cache folder of its own. Tests that need files
+or ports take them from ``tmp_path`` or the system (port 0), so workers never share either.
+
 Warnings are errors through ``filterwarnings = error`` in ``pyproject.toml``.
 """
 

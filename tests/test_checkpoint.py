@@ -110,6 +110,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", CASES.values(), ids=CASES.keys())
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, extra):
     exp = experiment(*extra)
@@ -206,6 +207,7 @@ def test_an_existing_run_directory_is_not_overwritten_unless_asked(tmp_path):
     assert run(exp, tmp_path / "run", rounds=2, overwrite=True).summary["rounds"] == 2
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_equals_the_uninterrupted_sweep(tmp_path, monkeypatch):
     """Three cells, two at a time: the first chunk finishes, the second is interrupted;
     the resume reads the first chunk's last checkpoint and continues the second."""
@@ -237,6 +239,7 @@ def test_a_resumed_sweep_equals_the_uninterrupted_sweep(tmp_path, monkeypatch):
         assert_same_run(a, b)
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_the_command_line_then_resume(tmp_path, capsys):
     """The real thing: ``fedjax-het run`` in a child process gets SIGINT mid-run, says in one
     line how to resume and exits 130; ``--resume`` finishes it, equal to a run never stopped."""

@@ -81,6 +81,7 @@ def test_data_describe(tmp_path, capsys):
     assert "20" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["scaffold", "feddyn", "qffl", "ditto", "fedper", "fedrep", "ifca"]
 )

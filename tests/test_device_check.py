@@ -18,9 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_quick_device_check_runs_every_stage_and_writes_its_files(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable}

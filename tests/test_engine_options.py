@@ -214,6 +214,7 @@ def _listing(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in folder.iterdir()}
 
 
+@pytest.mark.slow
 def test_a_second_process_compiles_nothing_the_first_compiled(tmp_path):
     cache = tmp_path / "xla"
     first = _cli_run(tmp_path, "first", cache)["compile_cache"]
@@ -234,6 +235,7 @@ def test_a_second_process_compiles_nothing_the_first_compiled(tmp_path):
     assert lines[0] == lines[1]  # the loaded programs compute what the compiled ones did
 
 
+@pytest.mark.slow
 def test_compile_cache_false_writes_nothing(tmp_path):
     cache = tmp_path / "xla"
     summary = _cli_run(tmp_path, "off", cache, "engine.compile_cache=false")

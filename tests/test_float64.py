@@ -79,6 +79,7 @@ def test_a_config_asking_for_float64_switches_x64_on():
         build(load(None, ["engine.precision='float16'"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(algorithms.__all__) - {"optimizers"}))
 def test_every_algorithm_runs_in_float64(x64, name):
     history = simulate.run(
@@ -106,6 +107,7 @@ def test_float64_is_float32_without_its_rounding(x64):
     assert 0 < max(jax.tree.leaves(gap)) < 1e-4
 
 
+@pytest.mark.slow
 def test_online_schedule_learned_selection_and_sweep_in_float64(x64):
     frozen = simulate.run(
         DATA, MODEL, freezefl(), uniform(NUM_CLIENTS, 3), precision="float64",

@@ -51,6 +51,7 @@ def metrics(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_and_only_process_0_writes(tmp_path):
     port = free_port()
     processes = [launch(i, port, tmp_path / f"out{i}") for i in range(2)]
