@@ -17,7 +17,7 @@ floating dtype of ``tau`` (float32 for integer ``tau``); the aggregator passes
 ``tau`` in the dtype of the updates, so a float64 run weighs in float64.
 
 >>> import jax.numpy as jnp
->>> staleness_fn("hinge", a=10.0, b=4.0)(jnp.arange(7)).round(4).tolist()
+>>> [round(s, 4) for s in staleness_fn("hinge", a=10.0, b=4.0)(jnp.arange(7)).tolist()]
 [1.0, 1.0, 1.0, 1.0, 1.0, 0.0909, 0.0476]
 """
 
