@@ -523,34 +523,48 @@ def measure(
 
 
 def _time(impls: list[tuple[dict, Implementation]], *, warmup: int, reps: int, max_s: float):
-    """Interleaved timed rounds (module docstring); fills ``times_s`` and the statistics."""
+    """Interleaved timed rounds (module docstring); fills ``times_s`` and the statistics. An
+    implementation whose round fails (out of memory beside the others' buffers) gets its
+    error in its row and leaves the rotation; the others' rows are kept."""
+    active = []
     for row, impl in impls:
         row["warmup_rounds"] = 0 if row["first_round_s"] * MIN_REPS > max_s else warmup
-        for _ in range(row["warmup_rounds"]):
-            if impl.estimate is not None:
-                impl.estimate()
-            else:
-                jax.block_until_ready(impl.run())
         row.update(times_s=[], loadavg_1min=[])
-    active = impls
+        if all(_round(row, impl, timed=False) for _ in range(row["warmup_rounds"])):
+            active.append((row, impl))
     while active:
         for row, impl in active:
             row["loadavg_1min"].append(os.getloadavg()[0])
-            if impl.estimate is not None:
-                row["times_s"].append(impl.estimate())
-                continue
-            start = time.perf_counter()
-            jax.block_until_ready(impl.run())
-            row["times_s"].append(time.perf_counter() - start)
+            _round(row, impl, timed=True)
         active = [
             (row, impl)
             for row, impl in active
-            if len(row["times_s"]) < reps
+            if "error" not in row
+            and len(row["times_s"]) < reps
             and (len(row["times_s"]) < MIN_REPS or sum(row["times_s"]) < max_s)
         ]
     for row, _ in impls:
-        times = row["times_s"]
-        row.update(reps_timed=len(times), **common.seconds_summary(times))
+        if "error" not in row:
+            times = row["times_s"]
+            row.update(reps_timed=len(times), **common.seconds_summary(times))
+
+
+def _round(row: dict[str, Any], impl: Implementation, *, timed: bool) -> bool:
+    """One round of ``impl`` (its estimate where it has one), its seconds appended to ``row``
+    when ``timed``; False, with the error in ``row``, when it fails."""
+    try:
+        start = time.perf_counter()
+        seconds = impl.estimate() if impl.estimate is not None else None
+        if seconds is None:
+            jax.block_until_ready(impl.run())
+            seconds = time.perf_counter() - start
+    except Exception as error:  # noqa: BLE001 - recorded in the row, the others go on
+        row["error"] = f"timed round: {type(error).__name__}: {str(error)[:500]}"
+        print(f"  {row['implementation']:9s} failed while timed: {row['error'][:200]}", flush=True)
+        return False
+    if timed:
+        row["times_s"].append(seconds)
+    return True
 
 
 def _ratios(rows: list[dict[str, Any]]) -> None:

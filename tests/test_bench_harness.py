@@ -90,6 +90,28 @@ def test_gate_rejects_an_update_off_by_one_percent_and_records_failures(setup):
     assert rows[3]["gate"]["passed"] and rows[3]["reps_timed"] == 1 and "ratio_to_loop" in rows[3]
 
 
+def test_a_round_failing_while_timed_keeps_the_other_rows(setup):
+    """On a GPU the interleaved timing holds every implementation's buffers; one running out
+    of memory there must not lose the cell's other rows."""
+    loop = harness.per_client_loop(setup)
+    (reference,) = rounds(setup, loop)
+    calls = []
+
+    def flaky():  # the gate round passes, the timed ones run out of memory
+        calls.append(1)
+        if len(calls) > 1:
+            raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
+        return reference, reference
+
+    variants = [
+        harness.Variant("loop", {"system": "none"}, lambda: loop),
+        harness.Variant("bare_vmap", {"system": "none"}, lambda: harness.Implementation(flaky, 0.0)),
+    ]
+    rows = harness.measure(setup.params, variants, warmup=0, reps=2, max_s=1.0)
+    assert rows[0]["reps_timed"] == 2 and "median_s" in rows[0]
+    assert "timed round: MemoryError" in rows[1]["error"] and "median_s" not in rows[1]
+
+
 def test_loop_timed_on_part_of_the_cohort_is_labelled_extrapolated(setup):
     variants = [
         harness.Variant("loop", {"system": "none"}, lambda: harness.per_client_loop(setup, None, 2))
