@@ -32,7 +32,7 @@ test-slow: $(VENV)/.installed-dev
 bench: $(VENV)/.installed
 	$(BIN)/python experiments/bench_throughput.py $(ARGS)
 
-# On a lent GPU machine (python3 with CUDA JAX, no network; no venv needed), at most 8 minutes:
+# On a lent GPU machine (python3 with CUDA JAX, no network; no venv needed), at most 9 min 20 s:
 # make device-check OUT=dir [ARGS=--quick] [PYTHON=...]. See experiments/README.md, Device check.
 device-check:
 	$(if $(OUT),,$(error device-check writes to OUT=dir))
