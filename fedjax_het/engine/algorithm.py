@@ -9,6 +9,7 @@ through these functions.
 
 One round, for the clients of a cohort::
 
+    # with a probe (Mime), first: server_state = attach(server_state, Σ_k measure_k)
     payload = broadcast(server_state)          # params, and whatever else clients need
     # per client k (local.py), with its persistent client_state_k:
     start, state = client_start(model, payload, client_state_k, batches_k, hyper, key)
@@ -152,6 +153,8 @@ class LocalContext:
         cut by a deadline, partial work or a dropout).
       key: in ``client_finalize``, this client's key for the round's randomised
         encodings (``fedjax_het.compressed``); None in ``local_loss`` (which has its own).
+      client_id: int32 id of the client (Agnostic FedAvg looks up its domain), or None
+        outside the engine's local training.
     """
 
     broadcast: PyTree
@@ -160,6 +163,7 @@ class LocalContext:
     step: jax.Array
     num_steps: jax.Array
     key: PRNGKey | None = None
+    client_id: jax.Array | None = None
 
 
 @struct.dataclass
@@ -261,6 +265,33 @@ class Freezing:
 
 
 @dataclasses.dataclass(frozen=True)
+class CohortProbe:
+    """A statistic of the round's cohort at the current model, gathered before anyone trains.
+
+    Mime's control variate is one (Karimireddy et al. 2020, Algorithm 1): every local step of
+    every client uses ``c``, the cohort's mean full-batch gradient at the server model, so the
+    server must have it before training starts (a round trip of its own). ``Round.train_cohort``
+    first runs ``measure`` for every slot of the cohort, sums
+    ``aggregator.contribute(value, weight, stats)`` at the round's weights (a slot of weight 0
+    adds nothing) and trains from ``attach(server_state, aggregator.finalize(sums))``, which
+    ``broadcast`` and ``server_update`` then read. Synchronous rounds only: slots that train
+    from older models (an asynchronous server, stale tasks) are refused.
+
+    Attributes:
+      measure: ``(model, payload, client_id, examples, hyper, key) -> value``, one client's
+        (no client axis): ``payload`` is ``broadcast(server_state)``, ``examples`` a
+        ``Batches`` of each of the client's examples once (in store order, in batches of the
+        run's batch size, ``[ceil(max_count / batch), batch, ...]``), ``key`` its own.
+      aggregator: how the values combine (``stats.examples``: the client's example count).
+      attach: ``(server_state, aggregate) -> server_state``.
+    """
+
+    measure: Callable[..., PyTree]
+    aggregator: Aggregator
+    attach: Callable[[ServerState, PyTree], ServerState]
+
+
+@dataclasses.dataclass(frozen=True)
 class Interval:
     """The values a hyperparameter may take, e.g. ``Interval(0, closed_low=False)`` for ``(0, inf)``."""
 
@@ -334,6 +365,8 @@ class FederatedAlgorithm:
         server's model when the update is applied, ``u + (x_now - x_start)``
         (FedAsync's mixing of models; needs a broadcast that is the params).
         Fresh slots are the same either way.
+      probe: a statistic of the cohort gathered before local training (Mime's control
+        variate, Agnostic FedAvg's domain losses and masses), or None.
     """
 
     name: str
@@ -355,6 +388,7 @@ class FederatedAlgorithm:
     report: Callable[[dict[str, float], int, int], dict] | None = None
     hyper_ranges: tuple[tuple[str, Interval], ...] = ()
     update_base: str = "start"
+    probe: CohortProbe | None = None
 
     def __post_init__(self):
         if self.update_base not in UPDATE_BASES:

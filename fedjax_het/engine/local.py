@@ -215,7 +215,7 @@ def local_update(
     step_model = compute_model(model, spec.precision)
 
     def loss_fn(params, batch, s, key):
-        ctx = LocalContext(broadcast, start, client_state, s, num_steps)
+        ctx = LocalContext(broadcast, start, client_state, s, num_steps, client_id=task.client_id)
         return algorithm.local_loss(step_model, params, batch, ctx, hyper, key)
 
     def masked_step(s, carry):
@@ -253,11 +253,41 @@ def local_update(
         lambda carry: carry[0] < blocks, block, (jnp.zeros((), jnp.int32), init)
     )
     ctx = LocalContext(
-        broadcast, start, client_state, num_steps, num_steps, rng.stream(task.key, "finalize")
+        broadcast, start, client_state, num_steps, num_steps, rng.stream(task.key, "finalize"),
+        task.client_id,
     )
     update, client_state = algorithm.client_finalize(params, ctx, hyper)
     stats = ClientStats(loss_sum, processed, num_steps, task.train_mask)
     return update, client_state, stats
+
+
+def client_examples(spec: LocalSpec, task: ClientTask, data: DeviceSplit) -> Batches:
+    """Each of the client's examples once, in store order, in batches of the work's size:
+    ``[ceil(max_count / batch), batch, ...]``, the mask 0 past its count."""
+    batch = spec.work.batch_size
+    blocks = -(-spec.max_count // batch)
+    position = jnp.arange(blocks * batch, dtype=jnp.int32).reshape(blocks, batch)
+    count = data.count[task.client_id]
+    rows = data.offset[task.client_id] + jnp.minimum(position, jnp.maximum(count - 1, 0))
+    return Batches(data.x[rows], data.y[rows], position < count)
+
+
+def probe_client(
+    spec: LocalSpec,
+    hyper: Hyper,
+    broadcast: PyTree,
+    client_state: ClientState,
+    task: ClientTask,
+    data: DeviceSplit,
+) -> tuple[PyTree, ClientState, ClientStats]:
+    """One slot's value of the algorithm's ``CohortProbe`` (on the run's model, as
+    ``client_start``'s measurements are); the client state is passed through."""
+    examples = client_examples(spec, task, data)
+    value = spec.algorithm.probe.measure(
+        spec.model, broadcast, task.client_id, examples, hyper, rng.stream(task.key, "probe")
+    )
+    count = jnp.sum(examples.mask, dtype=jnp.int32)
+    return value, client_state, ClientStats(jnp.zeros(()), count, jnp.zeros((), jnp.int32))
 
 
 def _step_scale(updates: Update, active: jax.Array, task: ClientTask, s: jax.Array) -> PyTree:

@@ -32,6 +32,7 @@ from fedjax_het.engine.local import (
     LocalSpec,
     local_update,
     planned_steps,
+    probe_client,
 )
 from fedjax_het.models import Model
 from fedjax_het.system.sampler import Sampler
@@ -125,12 +126,16 @@ class Round:
         ``stale = (round_idx, version [m])``: each slot trains from the broadcast of
         its version, held in ``state.ring``, and reports its staleness
         ``round_idx - version`` (``stale_client_fn``). None: every slot trains from
-        the current broadcast.
+        the current broadcast. An algorithm with a ``probe`` (Mime) first gets its
+        statistic of the slots attached to the server state (``probed``).
 
         Returns the new state, every slot's ``ClientStats`` and the round's
         metrics (with the algorithm's ``server_metrics``).
         """
         algorithm = self.algorithm
+        if algorithm.probe is not None:
+            probed = self.probed(state.server_state, tasks, hyper, train, stale)
+            state = state.replace(server_state=probed)
         broadcast = algorithm.broadcast(state.server_state)
         steps = planned_steps(self.spec, train.count[ids], tasks.step_limit)
         # A synchronous cohort's ids are distinct: its states are read and written in the
@@ -174,6 +179,28 @@ class Round:
         if algorithm.server_metrics is not None:
             metrics.update(algorithm.server_metrics(server_state))
         return RunState(server_state, client_states, state.ring), stats, metrics
+
+    def probed(
+        self, server_state: ServerState, tasks: ClientTask, hyper: Hyper, train: DeviceSplit,
+        stale: tuple[jax.Array, jax.Array] | None = None,
+    ) -> ServerState:
+        """``server_state`` with the algorithm's ``CohortProbe`` statistic of the slots ``tasks``
+        at its model attached: every slot measured (``local.probe_client``), then aggregated at
+        the slots' weights. Refused (when traced) for slots that train from older models."""
+        probe = self.algorithm.probe
+        if stale is not None:
+            raise ValueError(
+                f"{self.algorithm.name} gathers a statistic of the cohort at the current model "
+                "before training: slots that train from older models (an asynchronous server, "
+                "stale tasks) cannot use it"
+            )
+        broadcast = self.algorithm.broadcast(server_state)
+        measure = functools.partial(probe_client, self.spec, hyper, broadcast, data=train)
+        sums, _, _ = run_cohort(
+            measure, None, tasks, probe.aggregator, chunk=self.chunk, mesh=self.mesh,
+            drop_nonfinite=self.drop_nonfinite,
+        )
+        return probe.attach(server_state, probe.aggregator.finalize(sums))
 
 
 def stale_client_fn(

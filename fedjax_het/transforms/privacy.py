@@ -108,6 +108,9 @@ def private(
         raise ValueError(f"cohort_size must be an int >= 1, got {cohort_size!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    if algorithm.probe is not None:
+        raise ValueError(f"{algorithm.name} sends its clients' statistics before training "
+                         "(a CohortProbe), which DP-FedAvg neither clips nor noises")
     sigma_b = cohort_size / 20 if count_noise is None else count_noise
     if adaptive and not sigma_b > 0:
         raise ValueError(f"count_noise must be > 0, got {count_noise}")
