@@ -1,6 +1,8 @@
 """Federated learning algorithms, one module each (``fedjax_het.algorithms``)."""
 
 from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.agnostic_fedavg import agnostic_fedavg
+from fedjax_het.algorithms.apfl import apfl
 from fedjax_het.algorithms.biasprompt import biasprompt_plus
 from fedjax_het.algorithms.ditto import ditto
 from fedjax_het.algorithms.fedasync import fedasync
@@ -12,12 +14,15 @@ from fedjax_het.algorithms.fedprox import fedprox
 from fedjax_het.algorithms.fetchsgd import fetchsgd
 from fedjax_het.algorithms.freezefl import freezefl
 from fedjax_het.algorithms.ifca import ifca
+from fedjax_het.algorithms.mime import mime, mimelite
 from fedjax_het.algorithms.personal_layers import fedper, fedrep
 from fedjax_het.algorithms.qffl import qffl
 from fedjax_het.algorithms.scaffold import scaffold
 from fedjax_het.algorithms.timelyfl import timelyfl
 
 __all__ = [
+    "agnostic_fedavg",
+    "apfl",
     "biasprompt_plus",
     "ditto",
     "fedadagrad",
@@ -35,6 +40,8 @@ __all__ = [
     "fetchsgd",
     "freezefl",
     "ifca",
+    "mime",
+    "mimelite",
     "optimizers",
     "qffl",
     "scaffold",
