@@ -159,6 +159,10 @@ def biasprompt_plus(
 
     Returns:
       The algorithm; its aggregate is a ``StaleAggregate``.
+
+    References:
+      Zhang, Zeng, Zhang, Wang, Wang, Zhou, Liang and Qu, "FLHetBench: Benchmarking Device and
+      State Heterogeneity in Federated Learning" (CVPR 2024), §5, BiasPrompt+ (a).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(

@@ -99,7 +99,21 @@ def own_model(state: ServerState, personal: ClientState) -> Params:
 def ditto(
     *, lam: float = 0.1, client_lr: float = 0.05, server_lr: float = 1.0
 ) -> FederatedAlgorithm:
-    """Ditto with personalisation weight ``lam`` (traced as ``ditto_lambda``) over FedAvg."""
+    """Ditto with personalisation weight ``lam`` (traced as ``ditto_lambda``) over FedAvg.
+
+    Args:
+      lam: λ, the personalisation weight (traced as ``ditto_lambda``).
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    Hyperparameters:
+      ditto_lambda: λ, how strongly each client's personal model ``v`` is pulled towards the
+        global model (λ/2 ||v - w_t||^2), >= 0; 0 trains it purely locally.
+
+    References:
+      Li, Hu, Beirami and Smith, "Ditto: Fair and Robust Federated Learning Through
+      Personalization" (ICML 2021), Algorithm 1.
+    """
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

@@ -44,6 +44,10 @@ def fedasync(
       client_lr: local SGD learning rate (traced ``client_lr``).
       rho: the proximal weight ρ >= 0 of the local objective (traced ``rho``).
       staleness, a, b: the staleness function ``s`` (``algorithms.staleness``).
+
+    References:
+      Xie, Koyejo and Gupta, "Asynchronous Federated Optimization" (arXiv:1903.03934, 2019),
+      Algorithm 1 and §5.2.
     """
     mixing = HyperOptimizer(
         build=lambda hyper: optax.sgd(hyper["alpha"]),

@@ -16,6 +16,15 @@ FedAvgM (Hsu et al. 2019), Adam/Yogi/Adagrad give FedAdam/FedYogi/FedAdagrad
 >>> algorithm = fedavg()
 >>> sorted(algorithm.hyper())
 ['client_lr', 'server_lr']
+
+Hyperparameters:
+  client_lr: η_l, the learning rate of the clients' local SGD, > 0.
+  server_lr: η_g, the server's learning rate on the pseudo-gradient, > 0 (1 with SGD:
+    McMahan's FedAvg, the new model the weighted mean of the clients').
+
+References:
+  McMahan, Moore, Ramage, Hampson and Agüera y Arcas, "Communication-Efficient Learning of
+  Deep Networks from Decentralized Data" (AISTATS 2017), Algorithm 1.
 """
 
 from __future__ import annotations
@@ -131,7 +140,19 @@ def fedavg(
 
 
 def fedavgm(*, momentum: float = 0.9, server_lr: float = 1.0) -> FederatedAlgorithm:
-    """FedAvgM (Hsu et al. 2019): server SGD with momentum on the pseudo-gradient."""
+    """FedAvgM (Hsu et al. 2019): server SGD with momentum on the pseudo-gradient.
+
+    Args:
+      momentum: β, the server's momentum (traced as ``server_momentum``).
+      server_lr: η_g, the server's learning rate (traced as ``server_lr``).
+
+    Hyperparameters:
+      server_momentum: β, the server's heavy-ball momentum on the pseudo-gradient, in [0, 1).
+
+    References:
+      Hsu, Qi and Brown, "Measuring the Effects of Non-Identical Data Distribution for
+      Federated Visual Classification" (arXiv:1909.06335, 2019).
+    """
     return fedavg(
         server_optimizer=optimizers.sgd("server", lr=server_lr, momentum=momentum), name="fedavgm"
     )
@@ -139,6 +160,19 @@ def fedavgm(*, momentum: float = 0.9, server_lr: float = 1.0) -> FederatedAlgori
 
 def fedadam(*, server_lr: float = 0.01) -> FederatedAlgorithm:
     """FedAdam (Reddi et al. 2021, Algorithm 2).
+
+    Args:
+      server_lr: η, the server's Adam step size (traced as ``server_lr``).
+
+    Hyperparameters:
+      server_b1: β_1, the decay of the server's first moment of the pseudo-gradient, in [0, 1).
+      server_b2: β_2, the decay of its second moment, in [0, 1).
+      server_eps: τ, the adaptivity added to the root of the second moment, > 0 (the paper's
+        1e-3).
+
+    References:
+      Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive Federated
+      Optimization" (ICLR 2021), Algorithm 2.
 
     .. warning:: The server step is optax's Adam, which applies bias correction
        to both moments; Algorithm 2 of the paper has none. The two differ in the
@@ -148,10 +182,26 @@ def fedadam(*, server_lr: float = 0.01) -> FederatedAlgorithm:
 
 
 def fedyogi(*, server_lr: float = 0.01) -> FederatedAlgorithm:
-    """FedYogi (Reddi et al. 2021, Algorithm 2)."""
+    """FedYogi (Reddi et al. 2021, Algorithm 2).
+
+    Args:
+      server_lr: η, the server's Yogi step size (traced as ``server_lr``).
+
+    References:
+      Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive Federated
+      Optimization" (ICLR 2021), Algorithm 2.
+    """
     return fedavg(server_optimizer=optimizers.yogi("server", lr=server_lr), name="fedyogi")
 
 
 def fedadagrad(*, server_lr: float = 0.01) -> FederatedAlgorithm:
-    """FedAdagrad (Reddi et al. 2021, Algorithm 2)."""
+    """FedAdagrad (Reddi et al. 2021, Algorithm 2).
+
+    Args:
+      server_lr: η, the server's Adagrad step size (traced as ``server_lr``).
+
+    References:
+      Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive Federated
+      Optimization" (ICLR 2021), Algorithm 2.
+    """
     return fedavg(server_optimizer=optimizers.adagrad("server", lr=server_lr), name="fedadagrad")

@@ -45,6 +45,10 @@ def fedbuff(
       staleness, a, b: the staleness weight (``algorithms.staleness``); the default
         is the paper's ``1 / sqrt(1 + tau)``.
       update_base: "start" (the paper: each client's own delta) or "current".
+
+    References:
+      Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek and Huba, "Federated Learning with
+      Buffered Asynchronous Aggregation" (AISTATS 2022), Algorithm 1.
     """
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),

@@ -113,7 +113,21 @@ def dyn_mean(base: Aggregator) -> Aggregator:
 def feddyn(
     *, alpha: float = 0.01, client_lr: float = 0.05, server_lr: float = 1.0
 ) -> FederatedAlgorithm:
-    """FedDyn with regularisation ``alpha`` (traced as ``feddyn_alpha``) over FedAvg's local SGD."""
+    """FedDyn with regularisation ``alpha`` (traced as ``feddyn_alpha``) over FedAvg's local SGD.
+
+    Args:
+      alpha: α, the weight of the dynamic regulariser (traced as ``feddyn_alpha``).
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    Hyperparameters:
+      feddyn_alpha: α, the weight of the dynamic regulariser α/2 ||θ - θ^{t-1}||^2 in each
+        client's objective, > 0.
+
+    References:
+      Acar, Zhao, Matas, Mattina, Whatmough and Saligrama, "Federated Learning Based on
+      Dynamic Regularization" (ICLR 2021), Algorithm 1.
+    """
     base = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

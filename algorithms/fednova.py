@@ -52,7 +52,16 @@ def normalized_mean() -> Aggregator:
 
 
 def fednova(*, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlgorithm:
-    """FedNova with local SGD and a server SGD step on the normalised pseudo-gradient."""
+    """FedNova with local SGD and a server SGD step on the normalised pseudo-gradient.
+
+    Args:
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    References:
+      Wang, Liu, Liang, Joshi and Poor, "Tackling the Objective Inconsistency Problem in
+      Heterogeneous Federated Optimization" (NeurIPS 2020), Eqs. (6)-(7).
+    """
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

@@ -42,7 +42,21 @@ def proximal_loss(
 
 
 def fedprox(*, mu: float = 0.01, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlgorithm:
-    """FedProx with proximal weight ``mu`` (traced as ``prox_mu``); ``mu = 0`` is FedAvg."""
+    """FedProx with proximal weight ``mu`` (traced as ``prox_mu``); ``mu = 0`` is FedAvg.
+
+    Args:
+      mu: μ, the proximal weight (traced as ``prox_mu``).
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    Hyperparameters:
+      prox_mu: μ, the weight of the proximal term (μ/2) ||w - w_t||^2 each client adds to its
+        local loss (Eq. 2), >= 0; 0 is FedAvg.
+
+    References:
+      Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in Heterogeneous
+      Networks" (MLSys 2020), Algorithm 2 and Eq. (2).
+    """
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

@@ -110,6 +110,13 @@ def fetchsgd(
       momentum: ``ρ``, the server's momentum in sketch space (``fetch_momentum``).
       client_lr, server_lr: local SGD's and the server's learning rates.
       seed: of the hash functions.
+
+    Hyperparameters:
+      fetch_momentum: ρ, the server's momentum in sketch space, in [0, 1).
+
+    References:
+      Rothchild, Panda, Ullah, Ivkin, Stoica, Braverman, Gonzalez and Arora, "FetchSGD:
+      Communication-Efficient Federated Learning with Sketching" (ICML 2020), Algorithm 1.
     """
     for name, value in (("rows", rows), ("cols", cols)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

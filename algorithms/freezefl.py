@@ -88,6 +88,17 @@ def freezefl(
 
     ``epochs`` is the local work ``E`` the run gives each client (``LocalWork``):
     the probe is its first epoch, ``1 / epochs`` of the steps.
+
+    Args:
+      beta: β, the exponent of the time penalty in the freezing objective (traced), >= 0.
+      epochs: E, the local epochs the run gives each client, >= 1: the probe, which scores
+        the layers, is the first of them.
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    References:
+      Chou, Chang and Chou, "FreezeFL: Accelerating Federated Learning in Heterogeneous Edge
+      Devices by Layer Freezing".
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")

@@ -164,7 +164,19 @@ def ifca(
     client_lr: float = 0.05,
     server_lr: float = 1.0,
 ) -> FederatedAlgorithm:
-    """IFCA with ``num_clusters`` models, initialised ``init_noise`` apart (traced; see the warning)."""
+    """IFCA with ``num_clusters`` models, initialised ``init_noise`` apart (traced; see the warning).
+
+    Args:
+      num_clusters: k, the cluster models the server keeps and every client chooses among.
+      init_noise: how far apart the k initial models are: each is the initial model plus a
+        perturbation of ``init_noise`` times each leaf's root mean square (traced), >= 0.
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    References:
+      Ghosh, Chung, Yin and Ramchandran, "An Efficient Framework for Clustered Federated
+      Learning" (NeurIPS 2020), Algorithm 2.
+    """
     if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
         raise ValueError(f"num_clusters must be an int >= 1, got {num_clusters!r}")
     base = fedavg(

@@ -141,7 +141,18 @@ def _personal(name, personal_layers, local_loss, extra_hyper, hyper_ranges, clie
 def fedper(
     *, personal_layers: int = 1, client_lr: float = 0.05, server_lr: float = 1.0
 ) -> FederatedAlgorithm:
-    """FedPer: the last ``personal_layers`` layers are personal; every layer trains every step."""
+    """FedPer: the last ``personal_layers`` layers are personal; every layer trains every step.
+
+    Args:
+      personal_layers: the last layers of the model that stay with each client (its head),
+        >= 1; the server averages the others (the body).
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    References:
+      Arivazhagan, Aggarwal, Singh and Choudhary, "Federated Learning with Personalization
+      Layers" (arXiv:1912.00818, 2019).
+    """
     return _personal("fedper", personal_layers, model_loss, (), (), client_lr, server_lr)
 
 
@@ -152,7 +163,20 @@ def fedrep(
     client_lr: float = 0.05,
     server_lr: float = 1.0,
 ) -> FederatedAlgorithm:
-    """FedRep: the head trains alone for a ``head_share`` of the local steps, then the body alone."""
+    """FedRep: the head trains alone for a ``head_share`` of the local steps, then the body alone.
+
+    Args:
+      personal_layers: the last layers of the model that stay with each client (its head),
+        >= 1; the server averages the others (the body).
+      head_share: ρ, the share of each client's local steps in which the head trains alone
+        (traced), in [0, 1]; the body trains alone in the rest.
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    References:
+      Collins, Hassani, Mokhtari and Shakkottai, "Exploiting Shared Representations for
+      Personalized Federated Learning" (ICML 2021), Algorithm 1.
+    """
     return _personal(
         "fedrep",
         personal_layers,

@@ -114,7 +114,21 @@ def fair_sum() -> Aggregator:
 
 
 def qffl(*, q: float = 1.0, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlgorithm:
-    """q-FedAvg with fairness ``q`` (traced as ``qffl_q``); ``q = 0`` is uniform FedAvg."""
+    """q-FedAvg with fairness ``q`` (traced as ``qffl_q``); ``q = 0`` is uniform FedAvg.
+
+    Args:
+      q: the fairness exponent (traced as ``qffl_q``).
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    Hyperparameters:
+      qffl_q: q, how much more clients of high loss weigh (the objective Σ_k p_k F_k^{q+1} /
+        (q + 1), Eq. 2), >= 0; 0 is FedAvg with uniform weights.
+
+    References:
+      Li, Sanjabi, Beirami and Smith, "Fair Resource Allocation in Federated Learning" (ICLR
+      2020), Algorithm 3 (q-FedAvg).
+    """
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

@@ -175,7 +175,16 @@ def scaffold_mean(base: Aggregator) -> Aggregator:
 
 
 def scaffold(*, client_lr: float = 0.05, server_lr: float = 1.0) -> FederatedAlgorithm:
-    """SCAFFOLD (option II) with local SGD at ``client_lr`` and server SGD at ``server_lr``."""
+    """SCAFFOLD (option II) with local SGD at ``client_lr`` and server SGD at ``server_lr``.
+
+    Args:
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    References:
+      Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, "SCAFFOLD: Stochastic Controlled
+      Averaging for Federated Learning" (ICML 2020), Algorithm 1, option II.
+    """
     base = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),

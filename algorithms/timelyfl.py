@@ -85,6 +85,16 @@ def timelyfl(
 
     The default 120 s is FLHetBench's round deadline (notes §4.2), the default
     deadline of ``system.setup.policy_from_options``.
+
+    Args:
+      interval: T, the aggregation interval in seconds (traced), > 0: each client freezes
+        the fewest first layers that let it finish within it.
+      client_lr, server_lr: the clients' and the server's learning rates (traced as
+        ``client_lr`` and ``server_lr``).
+
+    References:
+      Zhang, Gao, Lee, Zhang and Avestimehr, "TimelyFL: Heterogeneity-aware Asynchronous
+      Federated Learning with Adaptive Partial Training" (CVPR Workshops 2023).
     """
     return fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),

@@ -266,7 +266,9 @@ def logistic_regression(example_shape: Sequence[int], num_classes: int) -> Model
 def mlp(example_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200)) -> Model:
     """A ReLU MLP on flattened inputs (W1 of the throughput benchmark: 784-200-200-62).
 
-    ``hidden`` lists the widths of the hidden layers, each >= 1 (empty: a linear model).
+    Args:
+      example_shape, num_classes: the data's (the config takes them from the data).
+      hidden: the widths of the hidden layers, each >= 1 (empty: a linear model).
     """
     if any(width < 1 for width in hidden):
         raise ValueError(f"mlp: hidden layer sizes must be >= 1, got {list(hidden)}")
@@ -315,6 +317,12 @@ def char_lstm(
     last position giving ``[batch, num_classes]`` logits of the next character.
     ``num_classes`` is the vocabulary size, for inputs and outputs alike.
 
+    Args:
+      example_shape, num_classes: the data's (the config takes them from the data).
+      embed: the size of each character's embedding, >= 1.
+      hidden: units of each recurrent layer, >= 1.
+      layers: recurrent layers, >= 1.
+
     >>> model = char_lstm((80,), 81, hidden=16, layers=1)
     >>> params = model.init(jax.random.key(0))
     >>> model.apply(params, jnp.zeros((2, 80), jnp.int32), train=False, key=None).shape
@@ -333,7 +341,14 @@ def char_gru(
     hidden: int = 256,
     layers: int = 2,
 ) -> Model:
-    """:func:`char_lstm` with GRU layers (``nn.GRUCell``) in place of the LSTM layers."""
+    """:func:`char_lstm` with GRU layers (``nn.GRUCell``) in place of the LSTM layers.
+
+    Args:
+      example_shape, num_classes: the data's (the config takes them from the data).
+      embed: the size of each character's embedding, >= 1.
+      hidden: units of each recurrent layer, >= 1.
+      layers: recurrent layers, >= 1.
+    """
     return _char_rnn("char_gru", nn.GRUCell, example_shape, num_classes, embed, hidden, layers)
 
 

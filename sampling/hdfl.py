@@ -183,6 +183,10 @@ def hdfl(
       max_draws: draws tried to meet ``cdr_max``.
       latency, cdr: ``[N]`` what the server believes of each client's round latency and
         dropout ratio, instead of the profiles' expected seconds and dropout (None).
+
+    References:
+      Zawad, Anwar, Baracaldo, Zhou and Yan, "HDFL: A Heterogeneity and Client Dropout-Aware
+      Federated Learning Framework", §IV, Eqs. 2-10 and Algorithm 1.
     """
     if not 1 <= num_slots <= num_clients:
         raise ValueError(f"need 1 <= num_slots <= num_clients, got {num_slots}, {num_clients}")

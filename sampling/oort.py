@@ -50,6 +50,26 @@ for squared losses (``ClientRecord.loss_sq``) and keeps the pacer as its state.
 .. warning:: ``loss_b`` is the loss of the round's global model (before local training) on
    the examples the client trained (``online.OnlineRound``: one extra forward pass), not the
    running training loss of the paper's clients; ``|B_i|`` counts those examples.
+
+Options:
+  exploration: ``epsilon_0``, the share of slots first given to never-explored clients.
+  exploration_decay: ``d``: the share is ``epsilon_0 d^round``, in (0, 1].
+  exploration_min: ``epsilon_min``, the least share of exploration, <= ``exploration``.
+  cut_off: ``c``: exploited clients are drawn among those with utility at least ``c`` times
+    the ``(1 - epsilon) K``-th largest, in (0, 1].
+  penalty: ``alpha``, the exponent penalising clients slower than the preferred duration
+    ``T``, >= 0.
+  pacer_window: ``W``, rounds per window of the pacer, >= 1.
+  pacer_delta: the pacer's step of the duration quantile, in [0, 1].
+  duration_quantile: the pacer's first quantile ``q`` of the clients' durations, ``T``.
+  clip_quantile: the quantile over explored clients at which the statistical utility is
+    clipped, in (0, 1].
+  staleness: the weight of the staleness term ``sqrt(0.1 log r / L_i)`` (0.1 in the paper),
+    >= 0.
+
+References:
+  Lai, Zhu, Madhyastha and Chowdhury, "Oort: Efficient Federated Learning via Guided
+  Participant Selection" (OSDI 2021), Algorithm 1 and §4.
 """
 
 from __future__ import annotations

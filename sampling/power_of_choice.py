@@ -31,7 +31,18 @@ from fedjax_het.system.sampler import ClientRecord, LearnedSelect
 
 
 def power_of_choice(num_clients: int, num_slots: int, *, candidates: int) -> LearnedSelect:
-    """``num_slots`` of ``candidates`` ready clients drawn uniformly, highest last loss first."""
+    """``num_slots`` of ``candidates`` ready clients drawn uniformly, highest last loss first.
+
+    Args:
+      num_clients, num_slots: the population and the round's slots (the config takes them
+        from the data and the cohort).
+      candidates: ``d``, the ready clients drawn uniformly each round, among which the
+        ``num_slots`` of highest last loss are kept; ``num_slots <= d <= num_clients``.
+
+    References:
+      Cho, Wang and Joshi, "Towards Understanding Biased Client Selection in Federated
+      Learning" (AISTATS 2022), Algorithm 1.
+    """
     if not 1 <= num_slots <= candidates <= num_clients:
         raise ValueError(
             f"need 1 <= num_slots <= candidates <= num_clients, got {num_slots}, {candidates}, "

@@ -42,7 +42,9 @@ class Centralised:
 def fashion_mnist_subset(*, num_clients: int = 100, seed: int = 0) -> Centralised:
     """The shipped stratified Fashion-MNIST subset (13,200 train, 5,000 test images).
 
-    ``num_clients`` and ``seed`` are the partitioner's (``federate``).
+    Args:
+      num_clients: clients the [partition] splits the images among, >= 1.
+      seed: seed of the partition (and of the per-client test splits).
     """
     del num_clients, seed
     arrays = fashion_mnist.load_fashion_mnist_subset()
@@ -62,7 +64,22 @@ def leaf_synthetic(
     iid: bool = False,
     seed: int = 0,
 ) -> FederatedData:
-    """LEAF's Synthetic(alpha, beta) (FedProx §5.1), generated; see ``data.synthetic``."""
+    """LEAF's Synthetic(alpha, beta) (FedProx §5.1), generated; see ``data.synthetic``.
+
+    Args:
+      num_clients: clients generated, >= 1.
+      alpha: how much the clients' models differ (the spread of their means), >= 0.
+      beta: how much the clients' features differ (the spread of their means), >= 0.
+      num_features: features of each example.
+      num_classes: classes of the labels.
+      iid: every client draws from one model and one feature distribution (Synthetic-IID).
+      seed: seed of the generation.
+
+    References:
+      Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in Heterogeneous
+      Networks" (MLSys 2020), §5.1; Caldas et al., "LEAF: A Benchmark for Federated Settings"
+      (2018).
+    """
     clients = synthetic.leaf_synthetic(
         num_clients, alpha=alpha, beta=beta, seed=seed, num_features=num_features,
         num_classes=num_classes, iid=iid,
@@ -80,6 +97,15 @@ def shakespeare_plays(
 
     One client per (play, speaker); ``num_clients = 0`` keeps every speaker
     with at least one training window (1,165 with the defaults).
+
+    Args:
+      num_clients: keep this many speakers (0: every one).
+      min_chars: leave out speakers with fewer characters of lines.
+      test_fraction: share of each speaker's windows held out for testing.
+      seed: seed of the train/test split.
+
+    References:
+      Caldas et al., "LEAF: A Benchmark for Federated Settings" (2018).
     """
     return shakespeare.load_shakespeare(
         min_chars=min_chars, max_clients=num_clients or None, test_fraction=test_fraction,
@@ -90,7 +116,14 @@ def shakespeare_plays(
 def leaf_json(*, path: str, dataset: str = "femnist", num_clients: int = 0) -> FederatedData:
     """A LEAF-format directory (``train/*.json``, ``test/*.json``) you have on disk.
 
-    ``dataset`` is one of ``femnist``, ``shakespeare``, ``sent140`` (``data.leaf``).
+    Args:
+      path: the directory holding ``train/`` and ``test/``.
+      dataset: which LEAF dataset it holds: "femnist", "shakespeare" or "sent140"
+        (``data.leaf``).
+      num_clients: keep this many of its users (0: every one).
+
+    References:
+      Caldas et al., "LEAF: A Benchmark for Federated Settings" (2018).
     """
     if dataset not in leaf.LOADERS:
         raise ValueError(f"dataset must be one of {sorted(leaf.LOADERS)}, got {dataset!r}")
@@ -108,9 +141,14 @@ def tfds_images(
 ) -> Centralised:
     """Any TFDS image-classification dataset already prepared on disk (``data.tfds``).
 
-    ``num_train`` / ``num_test`` keep the first examples of each split (0: all);
-    ``num_clients`` and ``seed`` are the partitioner's. Needs
-    ``pip install "fedjax_het[tfds]"``.
+    Needs ``pip install "fedjax_het[tfds]"``.
+
+    Args:
+      name: the TFDS name of the dataset (e.g. "mnist").
+      num_clients: clients the [partition] splits the examples among, >= 1.
+      num_train, num_test: keep the first examples of each split (0: all).
+      data_dir: where TFDS keeps its prepared datasets ("": its default).
+      seed: seed of the partition (and of the per-client test splits).
     """
     del num_clients, seed
     kwargs = {"data_dir": data_dir or None, "download": False}

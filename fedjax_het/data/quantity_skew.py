@@ -144,6 +144,16 @@ def quantity_lognormal(
     :func:`lognormal_sizes`, and the client sizes are ``lognormal_sizes(N, K, sigma, seed=seed,
     ...)``. Every example is in exactly one of the K returned index arrays.
 
+    Args:
+      labels, num_clients, seed: the data's (the config takes them from [data]).
+      sigma: log-normal sigma of the sizes, >= 0; 0 gives equal sizes, larger is more skewed.
+      min_size: fewest examples any client may hold.
+      max_tries: how many times the sizes are drawn before giving up.
+
+    References:
+      Acar, Zhao, Matas, Mattina, Whatmough and Saligrama, "Federated Learning Based on
+      Dynamic Regularization" (ICLR 2021).
+
     >>> sum(part.size for part in quantity_lognormal(100, 5, 1.0, seed=0))
     100
     """
@@ -166,6 +176,17 @@ def quantity_dirichlet(
     ``labels`` is ``[N]`` labels (only their number is used) or N; the other arguments are those of
     :func:`dirichlet_sizes`, and the client sizes are ``dirichlet_sizes(N, K, beta, seed=seed,
     ...)``. Every example is in exactly one of the K returned index arrays.
+
+    Args:
+      labels, num_clients, seed: the data's (the config takes them from [data]).
+      beta: Dirichlet concentration of the sizes, > 0; smaller is more skewed, ``inf`` gives
+        equal sizes.
+      min_size: fewest examples any client may hold.
+      max_tries: how many times the sizes are drawn before giving up.
+
+    References:
+      Li, Diao, Chen and He, "Federated Learning on Non-IID Data Silos: An Experimental Study"
+      (ICDE 2022), NIID-Bench.
 
     >>> sum(part.size for part in quantity_dirichlet(100, 5, 1.0, seed=0, min_size=1))
     100

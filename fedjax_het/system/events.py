@@ -99,7 +99,20 @@ def server_from_options(
     """The ``[server]`` table: None for the synchronous server (rounds; the ``[policy]``
     decides them), an ``async_server`` for ``mode = "async"`` (``start`` and
     ``on_unavailable`` come from the ``[policy]`` table). FLHetBench's asynchronous
-    server used concurrency 100, K = 20, tau <= 5 (notes §4.5)."""
+    server used concurrency 100, K = 20, tau <= 5 (notes §4.5).
+
+    Args:
+      mode: "sync" (rounds) or "async" (server events: FedBuff's buffered server).
+      concurrency: clients training at once on the asynchronous server, >= 1.
+      buffer_size: K, the arrivals each server event aggregates, 1 to ``concurrency``.
+      max_staleness: arrivals trained on a model more than this many versions old are
+        discarded, >= 1.
+      start, on_unavailable: the ``[policy]``'s.
+
+    References:
+      Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek and Huba, "Federated Learning with
+      Buffered Asynchronous Aggregation" (AISTATS 2022), Algorithm 1.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     server = async_server(concurrency=concurrency, buffer_size=buffer_size,

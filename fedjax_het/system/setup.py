@@ -88,23 +88,39 @@ def profiles_from_options(
       devices: "uniform" (everyone ``step_time``), "lognormal" (median ``step_time``,
         log-std ``step_time_sigma``), "flash" (AI-Benchmark devices) or a CSV path
         (``client,step_time_s`` or ``client,ai_score``, one row per client).
+      step_time: seconds of one local step: every device's ("uniform"), the median
+        device's ("lognormal", "flash"), >= 0 (0: computing takes no time).
+      step_time_sigma: the log-std of the log-normal step times.
       device_sampler: "random" or a registered device sampler (e.g. "dpgmm") choosing the
         AI-Benchmark rows at ``device_level``; only with ``devices = "flash"``.
+      device_level: the device sampler's heterogeneity: "mild", "middle" or "severe".
       network: "uniform" (``bandwidth`` bytes/s both ways, no spread; ``inf``: transfers
         take no time), "flash" (the 19 measured profiles, kbit/s read as 125 bytes/s per
         unit) or a CSV path (``client,down_bytes_per_s,up_bytes_per_s``, optional
         ``*_std_bytes_per_s``).
+      bandwidth: bytes per second of the "uniform" network, both ways, > 0.
       availability: "always", "bernoulli" (ready in each of ``availability_slots`` slots of a
         cycle of ``availability_period`` seconds with probability ``availability_p``), the
         FLASH traces ("strict", "loose"; their own 48 h cycle) or a CSV path
         (``client,start_s,end_s`` intervals of a cycle of ``availability_period`` seconds,
         every client listed), dropping intervals shorter than ``min_interval`` seconds.
+      availability_p: the probability that a "bernoulli" client is ready in a slot, in (0, 1].
+      availability_slots: slots of a "bernoulli" cycle.
+      availability_period: seconds of a "bernoulli" or CSV availability cycle (a day).
+      min_interval: drop ready intervals shorter than this many seconds.
       state_sampler: "random" or a registered state sampler (e.g. "dpcsm") choosing the traces
         at ``state_level``; only with FLASH traces.
+      state_level: the state sampler's heterogeneity: "mild", "middle" or "severe".
       dropout: probability that a started client drops out in a round, below 1.
 
     Raises:
       ValueError: an impossible option (``check_profile_options``).
+
+    References:
+      Yang, Wang, Xu, Chen, Bian, Liu and Liu, "Characterizing Impacts of Heterogeneity in
+      Federated Learning upon Large-Scale Smartphone Data" (WWW 2021), FLASH's devices, networks
+      and traces; Zhang et al., "FLHetBench: Benchmarking Device and State Heterogeneity in
+      Federated Learning" (CVPR 2024), its samplers and levels.
     """
     options = dict(locals())  # the keyword options, as passed
     del options["num_clients"]
@@ -176,10 +192,34 @@ def policy_from_options(
     on_unavailable: str = "pause",
     max_staleness: int = 0,
 ) -> RoundPolicy:
-    """The ``[policy]`` table: "wait_all", "deadline" (``deadline``, ``on_late``,
-    ``max_staleness``: late work arrives up to that many rounds later, BiasPrompt+'s stale
-    tasks) or "readiness" (round ends when ``1 - readiness`` of the clients finished);
-    ``start`` is the trace time of round 0 (``RoundPolicy.start``)."""
+    """The ``[policy]`` table: how a synchronous round runs on the clients' devices.
+
+    Args:
+      kind: "wait_all" (the round waits for every selected client), "deadline" (it ends
+        ``deadline`` seconds after the clients start) or "readiness" (it ends when ``1 -
+        readiness`` of the clients finished).
+      deadline: seconds a "deadline" round gives its clients, > 0.
+      on_late: what a "deadline" round does with work that would end late: "drop" it or
+        "partial": the client trains only the steps that fit.
+      readiness: the share of started clients a "readiness" round does not wait for, in (0, 1).
+      over_commit: select ``ceil(m (1 + over_commit))`` clients and keep the first ``m`` to
+        finish, >= 0.
+      overhead: server seconds per round (selection, aggregation) before the clients start.
+      start: virtual time of round 0, in seconds into the availability traces (86,400: their
+        second midnight).
+      availability_aware: select only clients ready at the round's start; false: a selected
+        client that is not ready is counted unavailable.
+      on_unavailable: a device that stops being ready: "pause" its work until it is ready
+        again, or "lost": the task fails.
+      max_staleness: stale tasks ("deadline" only): a late client keeps working and its update
+        counts in the first later round whose deadline covers it, up to this many rounds
+        later; 0: late work is lost.
+
+    References:
+      Nishio and Yonetani, "Client Selection for Federated Learning with Heterogeneous
+      Resources in Mobile Edge" (ICC 2019), deadline rounds; Zhang et al., "FLHetBench" (CVPR
+      2024), readiness rounds and stale tasks.
+    """
     _one_of("policy.kind", kind, policies.KINDS)
     if max_staleness and kind != "deadline":
         raise ValueError(f"policy.max_staleness (stale tasks) needs policy.kind = 'deadline', "

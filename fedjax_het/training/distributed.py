@@ -27,7 +27,15 @@ import jax
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """How this process joins a multi-process run (``enabled = False``: it runs alone)."""
+    """How this process joins a multi-process run (``enabled = False``: it runs alone).
+
+    Attributes:
+      enabled: join a multi-process run (``jax.distributed.initialize``); false: run alone.
+      coordinator_address: ``host:port`` of process 0 (unset: found from the cluster's
+        environment, e.g. SLURM).
+      num_processes: processes in the run, >= 1 (unset: from the environment).
+      process_id: this process's index, 0 to num_processes - 1 (unset: from the environment).
+    """
 
     enabled: bool = False
     coordinator_address: str | None = None
