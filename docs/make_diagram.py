@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = tuple(
         (
             "entry",
             "front door",
-            "fedjax_het _moved cli compare config grid sweep",
+            "fedjax_het _moved cli compare config explain grid sweep",
             "gandalf training algorithms transforms sampling engine system data foundation",
         ),
         (

@@ -5,7 +5,8 @@
     fedjax-het sweep [CONFIG.toml] [--set key=value ...] --grid KEY=V1,V2,... [--grid KEY=A..B ...]
                      [--out DIR] [--overwrite] [--one-program] [--cells-at-once N]
     fedjax-het sweep --resume SWEEP_DIR
-    fedjax-het config [CONFIG.toml] [--set key=value ...]
+    fedjax-het config [CONFIG.toml] [--set key=value ...] [--all]
+    fedjax-het explain KEY [CONFIG.toml] [--set key=value ...]
     fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
     fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
     fedjax-het compare RUN_DIR... [--x round|virtual_hours|bytes|wall_s] [--metric KEY]
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from fedjax_het import compare as compare_lib
 from fedjax_het import config as config_lib
-from fedjax_het import results
+from fedjax_het import explain, results
 from fedjax_het.engine.client_store import format_bytes
 from fedjax_het.results import NotWritten, OutDirError
 from fedjax_het.training import checkpoint, compilation, distributed
@@ -121,12 +122,19 @@ def _add_run_and_sweep(commands) -> None:
 
 
 def _add_inspection(commands) -> None:
-    """``config``, ``data describe`` and ``hetero describe``."""
+    """``config``, ``explain``, ``data describe`` and ``hetero describe``."""
     show = commands.add_parser(
         "config", help="print the resolved config",
         description="Print the config after defaults and --set overrides, as TOML; validates it.",
     )
     _add_config_args(show)
+    show.add_argument("--all", action="store_true", help="every option, what it does and its "
+                      "value, the optional tables commented out: a config to edit")
+    explained = commands.add_parser("explain", help="what a config key does", description=(
+        "Print a config key's description, type, allowed values, default and paper, in the "
+        "config given or else in the choices that take it (explain algorithm.prox_mu)."))
+    explained.add_argument("key", metavar="KEY", help="a config key, e.g. policy.deadline")
+    _add_config_args(explained)
 
     data = commands.add_parser("data", help="inspect the federated dataset of a config")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -187,11 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out = args.resume
             args.config = args.config or _stored_config(args.resume, "config.toml")
         raw = config_lib.load(args.config, args.set)
+        if args.command == "explain":
+            print(explain.explain(args.key, raw), end="")
+            return 0
         distributed.initialize(config_lib.cluster(raw))
         compilation.configure(config_lib.compile_cache(raw))  # before build compiles anything
         experiment = config_lib.build(raw)
         if args.command == "config":
-            print(results.to_toml(experiment.config), end="")
+            print((explain.annotated if args.all else results.to_toml)(experiment.config), end="")
             return 0
         if args.command == "run":
             args.out = args.out if args.out is not None else _default_out(experiment.config)

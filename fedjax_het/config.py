@@ -82,13 +82,16 @@ configures: the top-level numbers, [engine] and [distributed] in ``fedjax_het.tr
 ``fedjax_het.gandalf.schema``); [sampler], [system], [policy], [server] and [selection] in
 ``fedjax_het.system.schema``; [compression] and [privacy] in ``fedjax_het.transforms.schema``.
 They share the machinery of ``fedjax_het.configuring``. This module assembles them: the
-defaults, ``load``, ``schema`` and ``build``, with the checks between tables.
+defaults, ``load``, ``options`` (every key with its type, default and description: what
+``fedjax-het config --all`` and ``fedjax-het explain`` print, ``fedjax_het.explain``),
+``schema`` and ``build``, with the checks between tables.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -97,7 +100,7 @@ from typing import Any
 import jax
 
 from fedjax_het import model_schema, models
-from fedjax_het.configuring import INT_BITS, ConfigError, unknown
+from fedjax_het.configuring import INT_BITS, ConfigError, Key, representable, unknown
 from fedjax_het.data import catalog
 from fedjax_het.data import schema as data_schema
 from fedjax_het.data.batching import LocalWork
@@ -116,6 +119,7 @@ from fedjax_het.transforms import schema as transforms_schema
 __all__ = [
     "DEFAULTS",
     "INT_BITS",
+    "TABLES",
     "UNBOUNDED",
     "ConfigError",
     "Experiment",
@@ -124,6 +128,7 @@ __all__ = [
     "compile_cache",
     "load",
     "merge_defaults",
+    "options",
     "parse_override",
     "read",
     "schema",
@@ -143,6 +148,14 @@ DEFAULTS: dict[str, Any] = dict(
     )
 )
 """Every top-level key and table with its defaults, in the order a written config lists them."""
+TABLES: dict[str, str] = {
+    table: doc
+    for table in DEFAULTS
+    for module in (*_TABLES, gandalf_schema)
+    for name, doc in getattr(module, "TABLES", {}).items()
+    if name == table
+}
+"""What each table configures, in the order a written config lists them."""
 UNBOUNDED: dict[str, str] = {**data_schema.UNBOUNDED, **system_schema.UNBOUNDED}
 """The number options for which ``inf`` means something, and what; every other number
 option must be finite, and none may be NaN (``configuring.check``)."""
@@ -227,7 +240,26 @@ def read(path: str | Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{name} is not valid TOML: {err}") from None
+        twice = _set_twice(text) if str(err).startswith("Cannot overwrite a value") else None
+        reason = f"{twice[0]} is set twice (line {twice[1]})" if twice else str(err)
+        raise ConfigError(f"{name} is not valid TOML: {reason}") from None
+
+
+def _set_twice(text: str) -> tuple[str, int] | None:
+    """The first key a TOML text sets twice in one table, and its second line (``tomllib``
+    names only the line, or the end of the document)."""
+    seen, table = set(), ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = re.fullmatch(r"\[([^\[\]]+)\]\s*(#.*)?", line.strip())
+        assignment = re.match(r"\s*([\w.\-\"' ]+?)\s*=", line)
+        if header:
+            table = header[1].replace(" ", "") + "."
+        elif assignment:
+            key = table + re.sub(r"[\s\"']", "", assignment[1])
+            if key in seen:
+                return key, number
+            seen.add(key)
+    return None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -267,18 +299,19 @@ def merge_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def schema(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Every key a merged ``config`` may set, with its type (``{"rounds": int, ...}``).
+def options(config: Mapping[str, Any]) -> dict[str, Key]:
+    """Every key a merged ``config`` may set, as the :class:`~fedjax_het.configuring.Key` that
+    checks it: its type, its default in this config, the values it may take, what it does.
 
     The keys of a table follow what the config chooses (``data.name``,
     ``partition.kind``, ``feature_skew.kind``, ``model.name``,
     ``algorithm.name`` with its traced hyperparameters, ``selection.name``);
-    ``[system]`` and ``[policy]`` are listed whether or not the config has
-    them. It is how tests reach every option, so that a new one is covered
-    as soon as it exists.
+    ``[system]``, ``[policy]``, ``[server]``, ``[compression]``, ``[privacy]`` and
+    ``[distributed]`` are listed whether or not the config has them. It is how tests and
+    ``fedjax-het explain`` reach every option, so that a new one is covered as soon as it exists.
     """
     mediated = gandalf_schema.is_mediated(config)
-    return {
+    out = {
         **training_schema.keys(),
         **data_schema.keys(config),
         **model_schema.keys(config),
@@ -286,6 +319,26 @@ def schema(config: Mapping[str, Any]) -> dict[str, Any]:
         **system_schema.keys(config),
         **transforms_schema.keys(),
     }
+    if "algorithm.name" in out:
+        out["algorithm.name"] = gandalf_schema.name_key()
+    return {key: spec._replace(default=_default(config, key, spec)) for key, spec in out.items()}
+
+
+def _default(config: Mapping[str, Any], key: str, spec: Key) -> Any:
+    """``key``'s default in ``config``: :data:`DEFAULTS`' where its table is the default one
+    (``local.batch_size = 20``), else its function's (``spec.default``)."""
+    table, _, leaf = key.rpartition(".")
+    defaults = DEFAULTS.get(table, {}) if table else DEFAULTS
+    chooser = _NAME_KEYS.get(table)
+    if chooser and config.get(table, {}).get(chooser) != defaults.get(chooser):
+        return spec.default
+    return defaults.get(leaf, spec.default)
+
+
+def schema(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every key a merged ``config`` may set, with its type (``{"rounds": int, ...}``): the
+    types of :func:`options`."""
+    return {key: spec.hint for key, spec in options(config).items()}
 
 
 @dataclasses.dataclass
@@ -300,6 +353,7 @@ class _Checked:
     model: Callable[..., models.Model]
     model_args: dict[str, Any]
     algorithm: FederatedAlgorithm
+    untransformed: FederatedAlgorithm  # before [privacy] and [compression]
     hyper: dict[str, float]
     mediated: gandalf_schema.Mediated | None
     private: dict[str, float] | None
@@ -334,6 +388,9 @@ def build(config: Mapping[str, Any]) -> Experiment:
     model = model_schema.build_model(
         checked.model, checked.model_args, data.example_shape, data.num_classes
     )
+    transforms_schema.check_updates(
+        config, checked.untransformed, model, data.train.x, data.train.y
+    )
     sampler = system_schema.build_sampler(checked.sampler, num_clients, checked.cohort)
     system = select = None
     if checked.system is not None:
@@ -364,6 +421,7 @@ def _check_tables(config: dict[str, Any]) -> _Checked:
     algorithm, hyper = algorithm_schema.algorithm(config)
     if mediated is not None:
         gandalf_schema.record(config, mediated)
+    untransformed = algorithm
     algorithm, private = transforms_schema.transformed(config, algorithm, cohort)
     partition, skew = data_schema.partition_and_skew(config)
     system = system_schema.system_options(config)
@@ -376,9 +434,10 @@ def _check_tables(config: dict[str, Any]) -> _Checked:
     selection = system_schema.selection_options(config, has_system=system is not None)
     server = system_schema.server_options(
         config, system, algorithm=algorithm.name, freezes=freezes,
-        learned_selection=selection is not None,
+        learned_selection=selection is not None, private=private is not None,
     )  # fmt: skip
+    representable(config, config["engine"]["precision"])
     return _Checked(
-        dataset, data_args, partition, skew, work, model, model_args, algorithm, hyper, mediated,
-        private, sampler, cohort, system, selection, server,
+        dataset, data_args, partition, skew, work, model, model_args, algorithm, untransformed,
+        hyper, mediated, private, sampler, cohort, system, selection, server,
     )  # fmt: skip

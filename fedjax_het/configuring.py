@@ -9,18 +9,29 @@ assembles them.
 
 No number may be NaN or infinite, except where a table says what ``inf`` means (its
 ``UNBOUNDED``); integers fit in 32 bits; seeds are >= 0.
+
+Every key is a :class:`Key`: its type, default and what it means. A table that lists its keys
+writes their descriptions itself; a key read off a function's signature or a dataclass's fields
+takes its description from that docstring's ``Args:`` / ``Attributes:`` /
+``Hyperparameters:`` / ``Options:`` entry (or its module docstring's) and its paper from the
+``References:`` section (``documented``), so that ``fedjax-het explain`` and the checks read one
+schema.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import math
+import re
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from fedjax_het import registry
 
@@ -32,10 +43,78 @@ class ConfigError(ValueError):
 
 
 class Key(NamedTuple):
-    """A key that a table lists itself, rather than reading it off a signature."""
+    """One config key: its type, default and what it means (what ``fedjax-het explain`` says)."""
 
     hint: Any  # the type its value is checked against (``check``)
-    default: Any
+    default: Any  # ``...``: required; None: unset unless given
+    doc: str = ""  # what it does
+    paper: str = ""  # the paper it comes from, where one applies
+    minimum: int | None = None  # the least value it may take (``within``), where one applies
+    choices: tuple[str, ...] = ()  # the values it may take, where they are a few names
+    allowed: str = ""  # the values it may take, in words, where neither of those says it
+
+    def limits(self) -> str:
+        """The values this key may take beyond its type, in words ("" when only its type says)."""
+        if self.choices:
+            return either(self.choices)
+        return self.allowed or ("" if self.minimum is None else f">= {self.minimum}")
+
+
+def either(names: Sequence[str]) -> str:
+    """``'a' or 'b'``, or ``one of 'a', 'b', 'c'``."""
+    quoted = [repr(n) for n in names]
+    return " or ".join(quoted) if len(quoted) <= 2 else f"one of {', '.join(quoted)}"
+
+
+def within(key: str, value: Any, spec: Key) -> None:
+    """Raises a ConfigError when a checked ``value`` is not among ``spec.choices`` or below
+    ``spec.minimum``."""
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"{key} must be {either(spec.choices)}, got {value!r}")
+    if spec.minimum is not None and value < spec.minimum:
+        raise ConfigError(f"{key} must be >= {spec.minimum}, got {value}")
+
+
+_ENTRY_SECTIONS = ("Args", "Attributes", "Hyperparameters", "Options")
+_ENTRY = re.compile(r"(\w+(?:, \w+)*)(?: \([^)]*\))?: (.*)")
+
+
+@functools.cache
+def documented(obj: Callable) -> tuple[dict[str, str], str]:
+    """``({name: description}, references)`` read from ``obj``'s docstring, and then from its
+    module's (a module may describe what its functions share: their hyperparameters, their
+    options, their paper).
+
+    The entries of the ``Args:``, ``Attributes:``, ``Hyperparameters:`` and ``Options:``
+    sections (Google style: ``name: text``, continued on more-indented lines; ``a, b: text``
+    describes both) and the text of the ``References:`` section.
+    """
+    entries, references = _sections(inspect.getdoc(obj) or "")
+    module = inspect.getmodule(obj)
+    shared, module_references = _sections((module and inspect.getdoc(module)) or "")
+    return {**shared, **entries}, references or module_references
+
+
+def _sections(doc: str) -> tuple[dict[str, str], str]:
+    """The entries and references of one docstring (``documented``)."""
+    entries: dict[str, str] = {}
+    references: list[str] = []
+    section, names, indent = "", [], 0
+    for line in doc.splitlines():
+        text, depth = line.strip(), len(line) - len(line.lstrip())
+        if depth == 0 and text:
+            section, names, indent = (text[:-1] if text.endswith(":") else ""), [], 0
+        elif section == "References" and text:
+            references.append(text)
+        elif section in _ENTRY_SECTIONS and text:
+            indent = indent or depth
+            entry = _ENTRY.fullmatch(text) if depth == indent else None
+            if entry:
+                names = entry[1].split(", ")
+                entries.update(dict.fromkeys(names, entry[2]))
+            else:
+                entries.update({name: f"{entries[name]} {text}" for name in names})
+    return entries, " ".join(references)
 
 
 def configurable(fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
@@ -51,15 +130,29 @@ def configurable(fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
     return out
 
 
-def signature_keys(table: str, fn: Callable, skip: Sequence[str] = ()) -> dict[str, Any]:
-    """``{"table.key": type hint}`` for each configurable parameter of ``fn`` (a table's schema)."""
+def signature_keys(table: str, fn: Callable, skip: Sequence[str] = ()) -> dict[str, Key]:
+    """``{"table.key": Key}`` for each configurable parameter of ``fn`` (a table's schema),
+    described by ``fn``'s docstring."""
     hints = typing.get_type_hints(fn)
-    return {f"{table}.{k}": hints.get(k, Any) for k in configurable(fn, skip)}
+    docs, paper = documented(fn)
+    return {
+        f"{table}.{k}": Key(hints.get(k, Any), default, docs.get(k, ""), paper)
+        for k, default in configurable(fn, skip).items()
+    }
 
 
-def dataclass_keys(table: str, cls: type) -> dict[str, Any]:
-    """``{"table.key": type hint}`` for each field of the dataclass ``cls``."""
-    return {f"{table}.{k}": v for k, v in typing.get_type_hints(cls).items()}
+def dataclass_keys(table: str, cls: type) -> dict[str, Key]:
+    """``{"table.key": Key}`` for each field of the dataclass ``cls``, described by its
+    docstring's ``Attributes:``."""
+    docs, paper = documented(cls)
+    defaults = {
+        f.name: ... if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+    }
+    return {
+        f"{table}.{k}": Key(hint, defaults[k], docs.get(k, ""), paper)
+        for k, hint in typing.get_type_hints(cls).items()
+    }
 
 
 def arguments(
@@ -173,6 +266,32 @@ def check(
         args = [a for a in typing.get_args(hint) if a is not Ellipsis]
         return [check(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else value
     return value
+
+
+def representable(config: Mapping[str, Any], precision: str) -> None:
+    """Raises a ConfigError for a float option of a resolved ``config`` that is finite in
+    Python but not in the run's precision: float32 unless ``precision`` is "float64" (the
+    ``engine.precision``), where ``1e308`` is ``inf``."""
+    if precision == "float64":
+        return
+    largest = float(np.finfo(np.float32).max)
+    for key, value in _floats(config):
+        if math.isfinite(value) and abs(value) > largest:
+            raise ConfigError(
+                f"{key} = {value:g} is not finite in float32, the run's precision (largest "
+                f'{largest:.4g}); engine.precision = "float64" runs in float64'
+            )
+
+
+def _floats(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """``(key, value)`` of every float in a config's tables, lists included (``key[i]``)."""
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            yield from _floats(value, f"{prefix}{key}.")
+        elif isinstance(value, (list, tuple)):
+            yield from ((f"{prefix}{key}[{i}]", v) for i, v in enumerate(value) if type(v) is float)
+        elif type(value) is float:
+            yield f"{prefix}{key}", value
 
 
 def _number(key: str, value: Any, unbounded: Mapping[str, str]) -> float:

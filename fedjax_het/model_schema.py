@@ -10,15 +10,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fedjax_het import models
-from fedjax_het.configuring import arguments, choose, guarded, resolved, signature_keys
+from fedjax_het.configuring import Key, arguments, choose, guarded, resolved, signature_keys
 
 DEFAULTS: dict[str, Any] = {"model": {"name": "mlp", "hidden": [200, 200]}}
 SKIP = ("example_shape", "num_classes")  # given by the data
 
 
-def keys(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys of [model] as ``config`` chooses it (``model.name``), with their types."""
-    out: dict[str, Any] = {"model.name": str} if config.get("model") else {}
+TABLES: dict[str, str] = {"model": "the model and its options (fedjax_het.models.ZOO)"}
+"""What the table of this module configures, for ``fedjax-het config --all``."""
+
+
+def keys(config: Mapping[str, Any]) -> dict[str, Key]:
+    """The keys of [model] as ``config`` chooses it (``model.name``)."""
+    out: dict[str, Key] = {}
+    if config.get("model"):
+        doc = "the model; each takes its own options (fedjax-het explain model.<option>)"
+        out["model.name"] = Key(str, DEFAULTS["model"]["name"], doc, choices=tuple(models.ZOO))
     out.update(signature_keys("model", _factory(config), SKIP))
     return out
 

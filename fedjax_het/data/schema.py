@@ -14,8 +14,10 @@ from typing import Any
 
 from fedjax_het.configuring import (
     ConfigError,
+    Key,
     arguments,
     choose,
+    configurable,
     construct,
     dataclass_keys,
     guarded,
@@ -38,14 +40,38 @@ PARTITION_SKIP = ("labels", "num_clients", "seed")  # given by [data], not by th
 SKEW_SKIP = ("x", "y", "parts", "seed")
 
 
-def keys(config: Mapping[str, Any]) -> dict[str, Any]:
+TABLES: dict[str, str] = {
+    "data": "the dataset and its options (fedjax_het.data.catalog)",
+    "partition": "centralised datasets: how the examples are split among the clients "
+    "(fedjax_het.data.partitioners)",
+    "feature_skew": "centralised datasets: a transform of each client's features or labels "
+    "(fedjax_het.data.feature_skew)",
+    "local": "how much each selected client trains in a round (fedjax_het.data.LocalWork)",
+}
+"""What each table of this module configures, for ``fedjax-het config --all``."""
+CHOOSERS: dict[str, tuple[str, Mapping[str, Callable]]] = {
+    "data": ("name", catalog.DATASETS),
+    "partition": ("kind", partitioners.PARTITIONERS),
+    "feature_skew": ("kind", feature_skew.FEATURE_TRANSFORMS),
+}
+"""The key that chooses each table's function, and the functions it chooses among."""
+_CHOOSER_DOCS = {
+    "data": "the dataset; each takes its own options (fedjax-het explain data.<option>)",
+    "partition": "the partitioner; each takes its own options",
+    "feature_skew": "the per-client transform; each takes its own options",
+}
+
+
+def keys(config: Mapping[str, Any]) -> dict[str, Key]:
     """The keys of these tables as ``config`` chooses them (``data.name``, ``partition.kind``,
-    ``feature_skew.kind``), with their types."""
-    out: dict[str, Any] = {}
-    for table, name in (("data", "name"), ("partition", "kind"), ("feature_skew", "kind")):
-        if config.get(table):
-            out[f"{table}.{name}"] = str
-    out.update(signature_keys("data", _dataset(config)))
+    ``feature_skew.kind``)."""
+    out: dict[str, Key] = {}
+    for table, (name, choices) in CHOOSERS.items():
+        if config.get(table) or (table == "feature_skew" and config.get("partition")):
+            default = DEFAULTS[table].get(name, ...)
+            out[f"{table}.{name}"] = Key(str, default, _CHOOSER_DOCS[table], choices=tuple(choices))
+    data = signature_keys("data", _dataset(config))  # tfds's own "name" is not settable
+    out.update({key: spec for key, spec in data.items() if key not in out})
     if config.get("partition"):
         kind = config["partition"].get("kind")
         factory = choose("partition.kind", kind, partitioners.PARTITIONERS)
@@ -67,8 +93,20 @@ def dataset(config: dict[str, Any]) -> tuple[Callable, dict[str, Any]]:
     table = {k: v for k, v in config["data"].items() if k != "name"}
     builder = _dataset(config)
     args = arguments("data", builder, table)
+    _check_num_clients(builder, args)
     config["data"] = {"name": config["data"]["name"], **resolved(args, builder)}
     return builder, args
+
+
+def _check_num_clients(builder: Callable, args: Mapping[str, Any]) -> None:
+    """``data.num_clients`` >= 1, or >= 0 for a dataset whose default 0 keeps every client."""
+    count = args.get("num_clients")
+    if count is None:
+        return
+    keeps_all = configurable(builder).get("num_clients") == 0
+    if count < (0 if keeps_all else 1):
+        allowed = ">= 0 (0: every client of the data)" if keeps_all else ">= 1"
+        raise ConfigError(f"data.num_clients must be {allowed}, got {count}")
 
 
 def local_work(config: dict[str, Any]) -> LocalWork:

@@ -6,16 +6,17 @@ beside the hyperparameters of the FedAvg that trains each group.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from fedjax_het.configuring import ConfigError, guarded, registered
+from fedjax_het.configuring import ConfigError, Key, dataclass_keys, guarded, registered
 from fedjax_het.engine import schema as algorithm_schema
 from fedjax_het.gandalf.pipeline import MEDIATED, GandalfOptions, gandalf_options
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(GandalfOptions) if f.name != "gan")
 """The keys of [algorithm] that are mediator options (``gan`` follows from the name)."""
+REFUSED = ("server", "selection", "compression", "privacy")
+"""The tables a mediator run takes none of."""
 
 
 class Mediated(NamedTuple):
@@ -31,12 +32,20 @@ def is_mediated(config: Mapping[str, Any]) -> bool:
     return config["algorithm"].get("name") in MEDIATED
 
 
-def keys(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys of a mediator run's [algorithm], with their types."""
-    out: dict[str, Any] = {"algorithm.name": str} if config.get("algorithm") else {}
-    hints = typing.get_type_hints(GandalfOptions)
-    out.update({f"algorithm.{k}": hints[k] for k in OPTIONS})
+def keys(config: Mapping[str, Any]) -> dict[str, Key]:
+    """The keys of a mediator run's [algorithm]: the mediator options and the hyperparameters
+    of the FedAvg that trains each group."""
+    out = {"algorithm.name": name_key()} if config.get("algorithm") else {}
+    options = dataclass_keys("algorithm", GandalfOptions)
+    out.update({f"algorithm.{k}": options[f"algorithm.{k}"] for k in OPTIONS})
     return {**out, **algorithm_schema.hyper_keys(registered("algorithm", "fedavg"))}
+
+
+def name_key() -> Key:
+    """``algorithm.name`` with the mediator runs among its choices."""
+    key = algorithm_schema.name_key()
+    doc = f"{key.doc}; {' and '.join(MEDIATED)} run mediator groups (fedjax_het.gandalf)"
+    return key._replace(doc=doc, choices=(*key.choices, *MEDIATED))
 
 
 def mediated(config: dict[str, Any]) -> Mediated | None:
@@ -45,7 +54,7 @@ def mediated(config: dict[str, Any]) -> Mediated | None:
     name = config["algorithm"].get("name")
     if name not in MEDIATED:
         return None
-    for table in ("server", "selection", "compression", "privacy"):
+    for table in REFUSED:
         if config.get(table):
             raise ConfigError(
                 f"algorithm.name = {name!r} runs mediator groups: it takes no [{table}] table"

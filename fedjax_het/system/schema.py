@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fedjax_het import registry
 from fedjax_het.configuring import (
     ConfigError,
     Key,
@@ -28,7 +29,12 @@ from fedjax_het.system import events, setup
 from fedjax_het.system.policy import RoundPolicy, num_selected
 from fedjax_het.system.sampler import Sampler
 
-SAMPLER = {"name": Key(str, "uniform"), "clients_per_round": Key(int, 10)}
+SAMPLER = {
+    "name": Key(str, "uniform", "the registered rule that draws each round's cohort"),
+    "clients_per_round": Key(
+        int, 10, "the cohort: clients selected each round, at most data.num_clients", minimum=1
+    ),
+}
 DEFAULTS: dict[str, Any] = {
     "sampler": {k: key.default for k, key in SAMPLER.items()},
     "system": {},
@@ -46,17 +52,33 @@ SystemOptions = tuple[dict[str, Any], RoundPolicy]  # the profile options, the p
 Selection = tuple[Callable, dict[str, Any]]  # a learned selection's factory, its options
 
 
-def keys(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys of these tables as ``config`` chooses them (``selection.name``), with their
-    types; [system] and [policy] are listed whether or not ``config`` has them."""
-    out: dict[str, Any] = {"sampler.name": str} if config.get("sampler") else {}
-    out["sampler.clients_per_round"] = SAMPLER["clients_per_round"].hint
+TABLES: dict[str, str] = {
+    "sampler": "who takes part in each round (fedjax_het.system.sampler)",
+    "system": "device and state heterogeneity: the clients' speeds, networks and "
+    "availability (fedjax_het.system.setup)",
+    "policy": "how a round runs on those devices: wait for all, a deadline, or readiness",
+    "selection": "a selection that learns which clients to pick; needs [system] or [policy]",
+    "server": "the server: synchronous rounds, or asynchronous server events (FedBuff); "
+    "async needs [system] or [policy]",
+}
+"""What each table of this module configures, for ``fedjax-het config --all``."""
+
+
+def keys(config: Mapping[str, Any]) -> dict[str, Key]:
+    """The keys of these tables as ``config`` chooses them (``selection.name``); [system] and
+    [policy] are listed whether or not ``config`` has them."""
+    out: dict[str, Key] = {}
+    if config.get("sampler"):
+        out["sampler.name"] = SAMPLER["name"]._replace(choices=tuple(registry.names("sampler")))
+    out["sampler.clients_per_round"] = SAMPLER["clients_per_round"]
     out.update(signature_keys("system", setup.profiles_from_options, PROFILE_SKIP))
     out.update(signature_keys("policy", setup.policy_from_options))
     out.update(signature_keys("server", events.server_from_options, SERVER_SKIP))
+    doc = "the registered selection that learns; each takes its own options"
+    out["selection.name"] = Key(str, ..., doc, choices=tuple(registry.names("selection")))
     if config.get("selection"):
         factory = registered("selection", config["selection"].get("name"))
-        out.update({"selection.name": str, **signature_keys("selection", factory, SELECTION_SKIP)})
+        out.update(signature_keys("selection", factory, SELECTION_SKIP))
     return out
 
 
@@ -68,7 +90,9 @@ def sampler(config: Mapping[str, Any], num_clients: int | None) -> tuple[Callabl
     cohort = check("sampler.clients_per_round", table.pop("clients_per_round", default), int)
     for key in table:
         raise ConfigError(unknown("key", f"sampler.{key}", {f"sampler.{k}": 0 for k in SAMPLER}))
-    if cohort < 1 or (num_clients is not None and cohort > num_clients):
+    if cohort < SAMPLER["clients_per_round"].minimum or (
+        num_clients is not None and cohort > num_clients
+    ):
         raise ConfigError(
             f"sampler.clients_per_round must be between 1 and data.num_clients={num_clients}, "
             f"got {cohort}"
@@ -116,10 +140,12 @@ def server_options(
     algorithm: str,
     freezes: bool,
     learned_selection: bool,
+    private: bool,
 ) -> events.AsyncServer | None:
     """The optional [server] table, checked: an asynchronous server (with its trace start and
     unavailability rule from the [policy]), or None for the synchronous one. ``algorithm`` is
-    the algorithm's name; ``freezes``: it freezes layers by device timing."""
+    the algorithm's name; ``freezes``: it freezes layers by device timing; ``private``: the
+    config has a [privacy] table, whose accounting holds for synchronous rounds only."""
     table = dict(config.get("server") or {})
     if not table:
         config.pop("server", None)
@@ -136,6 +162,13 @@ def server_options(
         raise ConfigError(
             "server.mode = 'async' takes neither a [selection] nor an algorithm that freezes by "
             f"device timing ({algorithm}); run them with server.mode = 'sync'"
+        )
+    if private:
+        raise ConfigError(
+            "[privacy] and server.mode = 'async' do not combine: DP-FedAvg noises a mean over "
+            "sampler.clients_per_round clients and accounts rounds of a uniform sample of them, "
+            "while a server event averages the first server.buffer_size arrivals, which the "
+            "devices' speeds choose; use server.mode = 'sync'"
         )
     policy = system[1]
     if policy.max_staleness:

@@ -14,26 +14,63 @@ from typing import Any
 
 import jax
 
-from fedjax_het.configuring import ConfigError, Key, check, construct, dataclass_keys, unknown
+from fedjax_het.configuring import (
+    ConfigError,
+    Key,
+    check,
+    construct,
+    dataclass_keys,
+    unknown,
+    within,
+)
 from fedjax_het.engine.client_store import PLACEMENTS
 from fedjax_het.engine.local import PRECISIONS
 from fedjax_het.training import compilation, distributed
 from fedjax_het.training.divergence import NONFINITE
 
-TOP = {"seed": Key(int, 0), "rounds": Key(int, 200), "eval_every": Key(int, 10)}
-ENGINE = {
-    "chunk": Key(int, 0),  # 0: automatic
-    "unroll": Key(int, 1),
-    "weighting": Key(str, "examples"),
-    "eval_batch_size": Key(int, 1024),
-    "client_state": Key(str, "auto"),
-    "devices": Key(int, 0),  # 0: every local device
-    "precision": Key(str, "float32"),
-    "nonfinite": Key(str, "stop"),
-    "checkpoint_every": Key(int, 50),
-    "matmul_precision": Key(str, compilation.DEFAULT_MATMUL_PRECISION),
-    "compile_cache": Key(bool, True),
+# fmt: off
+TOP = {
+    "seed": Key(int, 0, "the run's root seed: client selection, local batches, the model's "
+                "initialisation and every other draw derive from it (fedjax_het.rng)", minimum=0),
+    "rounds": Key(int, 200, "rounds of training (with an asynchronous [server]: server events)",
+                  minimum=1),
+    "eval_every": Key(int, 10, "rounds between evaluations of the global model on the test "
+                      "split; the rounds in between run as one compiled block", minimum=1),
 }
+TABLES: dict[str, str] = {
+    "engine": "how the rounds run on the devices (fedjax_het.engine)",
+    "distributed": "several processes or hosts in one run (fedjax_het.training.distributed)",
+}
+"""What each table of this module configures, for ``fedjax-het config --all``."""
+ENGINE = {
+    "chunk": Key(int, 0, "clients per vmap chunk; 0: automatic (the backend's preference, "
+                 "lowered to what fits the device's free memory)", minimum=0),
+    "unroll": Key(int, 1, "unrolling of the local-step scan", minimum=1),
+    "weighting": Key(str, "examples", "how client updates are weighted: by their examples "
+                     "(FedAvg's n_k) or all alike", choices=("examples", "uniform")),
+    "eval_batch_size": Key(int, 1024, "rows per evaluation batch", minimum=1),
+    "client_state": Key(str, "auto", "where algorithms' per-client states live: on the device, "
+                        "in host memory (the rows of clients ever selected; bit-identical "
+                        "results), or auto: the device when they fit", choices=PLACEMENTS),
+    "devices": Key(int, 0, "shard each cohort over this many devices; 0: every device JAX sees",
+                   minimum=0),
+    "precision": Key(str, "float32", "float32; bfloat16: local training in bfloat16 with float32 "
+                     "master params; float64: the whole run in float64, for reference work",
+                     choices=PRECISIONS),
+    "nonfinite": Key(str, "stop", "a non-finite loss or client update: stop ends the run (its "
+                     "results so far written); drop gives such updates weight 0 and counts them",
+                     choices=NONFINITE),
+    "checkpoint_every": Key(int, 50, "rounds between checkpoints (fedjax-het run --resume); "
+                            "0: only at the end and on Ctrl-C", minimum=0),
+    "matmul_precision": Key(str, compilation.DEFAULT_MATMUL_PRECISION, "float32 products on "
+                            "every backend (highest), bf16x3 on GPU (high) or TF32 on GPU "
+                            "(default, about 1e-2 from float32); on CPU all three are the same",
+                            choices=compilation.MATMUL_PRECISIONS),
+    "compile_cache": Key(bool, True, "keep compiled programs on disk for the next run "
+                         "($FEDJAX_HET_CACHE_DIR, else ~/.cache/fedjax_het/xla); false compiles "
+                         "everything afresh"),
+}
+# fmt: on
 DEFAULTS: dict[str, Any] = {
     **{k: key.default for k, key in TOP.items()},
     "engine": {k: key.default for k, key in ENGINE.items()},
@@ -41,11 +78,11 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def keys() -> dict[str, Any]:
-    """The top-level keys and those of [engine] and [distributed], with their types."""
+def keys() -> dict[str, Key]:
+    """The top-level keys and those of [engine] and [distributed]."""
     return {
-        **{k: key.hint for k, key in TOP.items()},
-        **{f"engine.{k}": key.hint for k, key in ENGINE.items()},
+        **TOP,
+        **{f"engine.{k}": key for k, key in ENGINE.items()},
         **dataclass_keys("distributed", distributed.Cluster),
     }
 
@@ -74,50 +111,18 @@ def check_run(config: dict[str, Any]) -> None:
     """The top-level numbers and the [engine] table, in place."""
     for key, spec in TOP.items():
         config[key] = check(key, config[key], spec.hint)
-    for key in ("rounds", "eval_every"):
-        if config[key] < 1:
-            raise ConfigError(f"{key} must be >= 1, got {config[key]}")
+        within(key, config[key], spec)
     engine = config["engine"]
     for key in engine:
         if key not in ENGINE:
             raise ConfigError(unknown("key", f"engine.{key}", {f"engine.{k}": 0 for k in ENGINE}))
     for key, spec in ENGINE.items():
         engine[key] = check(f"engine.{key}", engine.get(key, spec.default), spec.hint)
-    _check_engine(engine)
-
-
-def _check_engine(engine: Mapping[str, Any]) -> None:
-    """The values of a typed [engine] table, each within what it may be."""
-    for key in ("chunk", "devices", "checkpoint_every"):
-        if engine[key] < 0:
-            raise ConfigError(f"engine.{key} must be >= 0, got {engine[key]}")
+        within(f"engine.{key}", engine[key], spec)
     if engine["devices"] > jax.device_count():  # the devices of every process (cohort.client_mesh)
         raise ConfigError(
             f"engine.devices must be between 0 (every device) and the {jax.device_count()} "
             f"devices JAX sees, got {engine['devices']}"
-        )
-    if engine["nonfinite"] not in NONFINITE:
-        raise ConfigError(f"engine.nonfinite must be 'stop' or 'drop', got {engine['nonfinite']!r}")
-    if engine["precision"] not in PRECISIONS:
-        raise ConfigError(
-            f"engine.precision must be one of {', '.join(map(repr, PRECISIONS))}, got "
-            f"{engine['precision']!r}"
-        )
-    try:
-        compilation.check_matmul_precision(engine["matmul_precision"], "engine.matmul_precision")
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    for key in ("unroll", "eval_batch_size"):
-        if engine[key] < 1:
-            raise ConfigError(f"engine.{key} must be >= 1, got {engine[key]}")
-    if engine["weighting"] not in ("examples", "uniform"):
-        raise ConfigError(
-            f"engine.weighting must be 'examples' or 'uniform', got {engine['weighting']!r}"
-        )
-    if engine["client_state"] not in PLACEMENTS:
-        raise ConfigError(
-            f"engine.client_state must be one of {', '.join(map(repr, PLACEMENTS))}, got "
-            f"{engine['client_state']!r}"
         )
 
 

@@ -129,8 +129,8 @@ def from_options(
     }  # fmt: skip
     if majority_vote and upload != "sign":
         raise ValueError(f"majority_vote counts the signs of upload 'sign', not of {upload!r}")
+    compressor = makers[upload]()  # first, so that an error names the encoder chosen
     qsgd(levels), top_k(fraction)  # both options are checked, used or not
-    compressor = makers[upload]()
     if error_feedback:
         compressor = _error_feedback(compressor)
     return compressor, None if download == "float32" else download, majority_vote

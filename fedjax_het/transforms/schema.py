@@ -8,15 +8,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedjax_het.configuring import ConfigError, guarded, optional_table, signature_keys
-from fedjax_het.engine.algorithm import FederatedAlgorithm
+import jax
+import jax.numpy as jnp
+
+from fedjax_het.configuring import ConfigError, Key, guarded, optional_table, signature_keys
+from fedjax_het.engine.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
+from fedjax_het.models import Model
 from fedjax_het.transforms import compression, privacy
 
 DEFAULTS: dict[str, Any] = {"compression": {}, "privacy": {}}
 
 
-def keys() -> dict[str, Any]:
-    """The keys of [compression] and [privacy], with their types."""
+TABLES: dict[str, str] = {
+    "compression": "compressed updates: what clients upload and download "
+    "(fedjax_het.transforms.compression)",
+    "privacy": "DP-FedAvg: clipped updates and Gaussian noise, with the privacy spent "
+    "(fedjax_het.transforms.privacy)",
+}
+"""What each table of this module configures, for ``fedjax-het config --all``."""
+
+
+def keys() -> dict[str, Key]:
+    """The keys of [compression] and [privacy]."""
     return {
         **signature_keys("compression", compression.from_options),
         **signature_keys("privacy", privacy.options),
@@ -52,6 +65,12 @@ def _compressed(config: dict[str, Any], algorithm: FederatedAlgorithm) -> Federa
     args = optional_table(config, "compression", compression.from_options)
     if args is None:
         return algorithm
+    if algorithm.payload is not None:
+        raise ConfigError(
+            f"[compression] does not apply to algorithm.name = {config['algorithm']['name']!r}: "
+            "it encodes its own uploads (its payload, as FetchSGD's Count Sketch), which the "
+            "table would encode again and count as its own; remove the table"
+        )
     upload, download, vote = guarded("compression", lambda: compression.from_options(**args))
     return guarded(
         "compression",
@@ -83,3 +102,57 @@ def rounds_within_budget(
             f"{cohort} of {clients} clients a round"
         )
     return allowed
+
+
+def check_updates(
+    config: Mapping[str, Any], algorithm: FederatedAlgorithm, model: Model, x: Any, y: Any
+) -> None:
+    """Refuses [compression] and [privacy] for an ``algorithm`` (as its table builds it, before
+    both) whose update is not shaped like the params its clients train, the delta that both
+    encode or clip (SCAFFOLD's control variates, IFCA's cluster and q-FFL's ``h_k`` travel with
+    it; Ditto trains a personal model beside the global one), and [privacy] for one whose
+    server update reads more than the mean of the updates (FedDyn, BiasPrompt+), which
+    DP-FedAvg replaces with its noised mean. Found from one client's abstract round on
+    ``model``, with examples shaped like those of ``x`` and labels like ``y`` (the training
+    arrays; ``jax.eval_shape``: nothing is computed)."""
+    tables = [table for table in ("compression", "privacy") if config.get(table)]
+    if not tables:
+        return
+    start, update, aggregate = _one_client(algorithm, model, x, y)
+    name = config["algorithm"]["name"]
+    if jax.tree.structure(update) != jax.tree.structure(start):
+        what = "compression encodes" if tables[0] == "compression" else "DP-FedAvg clips"
+        raise ConfigError(
+            f"[{tables[0]}] does not apply to algorithm.name = {name!r}: its clients' update is "
+            "not shaped like the params they train (it carries client state such as control "
+            f"variates, or they train more than the model), and {what} such a delta only"
+        )
+    if "privacy" in tables and jax.tree.structure(aggregate) != jax.tree.structure(update):
+        raise ConfigError(
+            f"[privacy] does not apply to algorithm.name = {name!r}: its server update reads "
+            "more than the mean of the client updates, and DP-FedAvg replaces that mean with "
+            "a noised one"
+        )
+
+
+def _one_client(algorithm: FederatedAlgorithm, model: Model, x: Any, y: Any) -> tuple:
+    """The shapes of one client's starting params, update and the server's aggregate of it."""
+    key = jax.random.key(0)
+    one = lambda a: jax.ShapeDtypeStruct((1, 1, *a.shape[1:]), a.dtype)  # one batch of one
+
+    def round_of_one(x: jax.Array, y: jax.Array) -> tuple:
+        params = model.init(key)
+        hyper = algorithm.hyper()
+        broadcast = algorithm.broadcast(algorithm.server_init(params, hyper, 1))
+        batches = Batches(x, y, jnp.ones(x.shape[:2], bool))
+        start, state = algorithm.client_start(
+            model, broadcast, algorithm.client_init(params), batches, hyper, key
+        )
+        steps = jnp.ones((), jnp.int32)
+        ctx = LocalContext(broadcast, start, state, steps, steps, key, client_id=steps - 1)
+        update, _ = algorithm.client_finalize(start, ctx, hyper)
+        stats = ClientStats(jnp.zeros(()), jnp.ones(()), steps)
+        sums = algorithm.aggregator.contribute(update, jnp.ones(()), stats)
+        return start, update, algorithm.aggregator.finalize(sums)
+
+    return jax.eval_shape(round_of_one, one(x), one(y))
