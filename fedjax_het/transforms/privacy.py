@@ -40,7 +40,6 @@ from flax import struct
 
 from fedjax_het import rng
 from fedjax_het.engine.algorithm import (
-    NON_NEGATIVE,
     POSITIVE,
     UNIT,
     Aggregator,
@@ -54,6 +53,10 @@ from fedjax_het.transforms.compressor import at_least_float32, pairwise_sum
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree, ServerState, Update
 
 ORDERS = tuple(range(2, 257))  # integer Rényi orders: exact for both sampling events
+# The largest noise multiplier accepted. Above it dp-accounting's RDP computation loses
+# precision (negative divergences from about 1e4 at q = 1e-7, exceptions from about 1e9),
+# and noise of 1000 clip norms on the sum already swamps any cohort's updates.
+MAX_NOISE_MULTIPLIER = 1e3
 
 
 @struct.dataclass
@@ -111,10 +114,15 @@ def private(
     if algorithm.probe is not None:
         raise ValueError(f"{algorithm.name} sends its clients' statistics before training "
                          "(a CohortProbe), which DP-FedAvg neither clips nor noises")
+    require_accounting()  # before training: the privacy spent is computed after it
     sigma_b = cohort_size / 20 if count_noise is None else count_noise
     if adaptive and not sigma_b > 0:
         raise ValueError(f"count_noise must be > 0, got {count_noise}")
-    noise_range = Interval(0.0, 2 * sigma_b, closed_high=False) if adaptive else NON_NEGATIVE
+    noise_range = (
+        Interval(0.0, 2 * sigma_b, closed_high=False)
+        if adaptive and 2 * sigma_b <= MAX_NOISE_MULTIPLIER
+        else Interval(0.0, MAX_NOISE_MULTIPLIER)
+    )
 
     def server_init(params: Params, hyper: Hyper, num_clients: int) -> PrivateState:
         return PrivateState(algorithm.server_init(params, hyper, num_clients), hyper["dp_clip"])
@@ -231,7 +239,8 @@ def options(
 
     Args:
       clip_norm: ``C``, the L2 norm every client's update is clipped to (> 0).
-      noise_multiplier: ``z``: the noise on the sum has standard deviation ``z C`` (>= 0).
+      noise_multiplier: ``z``: the noise on the sum has standard deviation ``z C``, in
+        ``[0, MAX_NOISE_MULTIPLIER]``.
       delta: the δ at which ε is reported, in (0, 1).
       target_epsilon: stop the run at the last round whose ε stays within this
         (``rounds_within``); 0: no budget.
@@ -240,8 +249,11 @@ def options(
     """
     if not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
-    if not noise_multiplier >= 0:
-        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+    if not 0 <= noise_multiplier <= MAX_NOISE_MULTIPLIER:
+        raise ValueError(
+            f"noise_multiplier must lie in [0, {MAX_NOISE_MULTIPLIER:g}], got {noise_multiplier:g} "
+            "(the privacy accountant loses precision above it, and such noise swamps any update)"
+        )
     if not 0 < delta < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     if not target_epsilon >= 0:
@@ -337,12 +349,22 @@ def rounds_within(
     return low
 
 
+def require_accounting() -> None:
+    """Refuses (ValueError naming the extra to install) an install without dp-accounting, so
+    that a private run stops before it trains rather than at its report."""
+    try:
+        _accounting()
+    except ImportError as err:
+        raise ValueError(str(err)) from None
+
+
 def _accounting():
     try:
         import dp_accounting
         from dp_accounting import rdp
     except ImportError:
         raise ImportError(
-            "privacy accounting needs dp-accounting: pip install 'fedjax_het[privacy]'"
+            "privacy accounting needs dp-accounting, which this install lacks: "
+            "pip install 'fedjax_het[privacy]'"
         ) from None
     return dp_accounting, rdp
