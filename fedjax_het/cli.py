@@ -18,7 +18,7 @@ sweep, the grid cell), before anything is built or compiled; so does an output
 directory that cannot be used (a file, unwritable, or holding another run unless
 ``--overwrite``). Ctrl-C or SIGTERM stops a run after the block of rounds it is
 computing, writes a checkpoint and the results so far, prints how to resume and
-exits 130 / 143; ``--resume`` continues bit for bit.
+exits 130 / 143; ``--resume`` continues bit for bit, or extends (``--set rounds=N``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from fedjax_het import config as config_lib
 from fedjax_het import explain, results
 from fedjax_het.engine.client_store import format_bytes
 from fedjax_het.results import NotWritten, OutDirError
-from fedjax_het.training import checkpoint, compilation, distributed
+from fedjax_het.training import checkpoint, compilation, distributed, interrupt
 from fedjax_het.training.checkpoint import CheckpointError
 from fedjax_het.training.divergence import Diverged
 from fedjax_het.training.interrupt import Interrupted
@@ -216,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_error(err)
     except (OutDirError, CheckpointError) as err:
         return _error(err)
+    except KeyboardInterrupt:  # Ctrl-C while the data are prepared
+        return _interrupted(Interrupted(trained=False), "", "")
     if args.command == "run":
         return _run(experiment, args)
     if args.command == "hetero" and experiment.system is None:
@@ -382,9 +384,9 @@ def _system_lines(summary: dict, num_clients: int, step: str = "round") -> list[
 
 
 def _interrupted(err: Interrupted, resume: str, out: str | Path) -> int:
+    interrupt.ignore_further_sigint()
     if distributed.writes_results():
-        print(f"fedjax-het: {err}; checkpoint and results so far in {out}; continue with: "
-              f"{resume}", file=sys.stderr)
+        print(f"fedjax-het: {err.describe(out, resume)}", file=sys.stderr)
     return err.exit_code
 
 

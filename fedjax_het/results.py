@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -124,8 +125,9 @@ class RunWriter:
     """Writes a run's results as they come, so an interrupted run keeps what it did.
 
     A file that cannot be written (a full disk) does not stop the run: the
-    failure is kept in ``missing`` (``NotWritten`` reports it at the end) and
-    the other files are still written.
+    failure is kept in ``missing`` (``NotWritten`` reports it at the end, and
+    ``summary.json``'s ``not_written``), the part written is removed (a metrics
+    line cut short: the line), and the other files are still written.
     """
 
     def __init__(
@@ -138,12 +140,21 @@ class RunWriter:
         self._metrics = self.out_dir / "metrics.jsonl"
         self.write("metrics.jsonl", lambda path: path.write_text(""))
 
-    def write(self, name: str, write: Callable[[Path], Any]) -> None:
-        """``write(out_dir / name)``; an ``OSError`` is recorded in ``missing``, not raised."""
+    def write(self, name: str, write: Callable[[Path], Any], *, keep: int | None = None) -> None:
+        """``write(out_dir / name)``; an ``OSError`` is recorded in ``missing``, not raised,
+        and what was written removed (``keep``: the file's first ``keep`` bytes stay)."""
+        path = self.out_dir / name
         try:
-            write(self.out_dir / name)
+            write(path)
         except OSError as err:
             self.missing.setdefault(name, err.strerror or str(err))
+            try:
+                if keep is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    os.truncate(path, keep)
+            except OSError:
+                pass  # a file that can be neither written nor removed stays as it is
 
     def rewrite_metrics(self, lines: Sequence[Mapping[str, Any]]) -> None:
         """``metrics.jsonl`` holding exactly ``lines`` (a resumed run's, up to its checkpoint)."""
@@ -155,13 +166,13 @@ class RunWriter:
             with path.open("a") as f:
                 f.write(strict_json(line) + "\n")
 
-        self.write("metrics.jsonl", append)
+        size = self._metrics.stat().st_size if self._metrics.is_file() else 0
+        self.write("metrics.jsonl", append, keep=size)
 
     def finish(self, history) -> None:
-        """Writes summary.json, arrays.npz and curves.png; raises ``NotWritten`` if any
-        file of the run could not be written (after writing every one it could)."""
-        summary = strict_json(history.summary, indent=2) + "\n"
-        self.write("summary.json", lambda path: path.write_text(summary))
+        """Writes arrays.npz, curves.png and summary.json (last: with ``not_written``, the
+        files missing and why, when some are); raises ``NotWritten`` if any file of the run
+        could not be written (after writing every one it could)."""
         arrays = {
             "client_accuracy": history.client_accuracy,
             **({} if history.personal_accuracy is None
@@ -170,6 +181,10 @@ class RunWriter:
         }
         self.write("arrays.npz", lambda path: np.savez_compressed(path, **arrays))
         self.write("curves.png", lambda path: plot_curves(history.metrics, path))
+        if self.missing:
+            history.summary["not_written"] = dict(self.missing)
+        summary = strict_json(history.summary, indent=2) + "\n"
+        self.write("summary.json", lambda path: path.write_text(summary))
         if self.missing:
             missing = [f"{name} ({why})" for name, why in self.missing.items()]
             raise NotWritten(self.out_dir, missing, history)

@@ -7,7 +7,9 @@ records and selection state, the last evaluation and the run's records so far
 (evaluation lines, per-round metrics, schedule rows). The schedule's and the
 clients' randomness need no position: every key is ``fold_in(seed, round,
 client)``, so the round count is the position. A run resumed from a
-checkpoint therefore computes bit for bit what the uninterrupted run computes.
+checkpoint therefore computes bit for bit what the uninterrupted run computes;
+a resume may raise ``rounds`` (``GROWING_KEYS``), and the run so extended
+computes what a run started with that many rounds computes.
 
 **Format: one ``.npz`` with a JSON manifest**, not ``orbax-checkpoint``:
 
@@ -52,6 +54,12 @@ FORMAT = 1
 _MANIFEST = "__manifest__"
 # Config keys that do not change what a run computes: a resume may differ in them.
 FREE_KEYS = ("distributed.", "engine.checkpoint_every")
+# Config keys a resume may raise: a finished or interrupted run extended by more rounds
+# computes what a run started with them computes (every key is ``fold_in(seed, round)``,
+# and a schedule planned for more rounds begins with the one planned for fewer); a first
+# run whose rounds were not a multiple of ``eval_every`` keeps its last evaluation as a
+# line the longer run does not have.
+GROWING_KEYS = ("rounds",)
 
 
 # What reading a damaged or foreign file raises (a cut-short zip, a missing member, bad JSON).
@@ -86,8 +94,9 @@ class Loaded:
 
     def group(self, prefix: str) -> dict[str, np.ndarray]:
         """The plain arrays stored under ``prefix``, by their name inside it."""
-        return {k[len(prefix) + 1:]: v for k, v in self.arrays.items()
-                if k.startswith(prefix + "/")}
+        return {
+            k[len(prefix) + 1 :]: v for k, v in self.arrays.items() if k.startswith(prefix + "/")
+        }
 
 
 def leaves(prefix: str, tree: PyTree) -> dict[str, np.ndarray]:
@@ -110,6 +119,7 @@ def restore(like: PyTree, arrays: Mapping[str, np.ndarray], what: str = "state")
     Raises CheckpointError naming the first leaf that is missing or has another
     shape or dtype (a checkpoint of another model, algorithm or population).
     """
+
     def one(path, leaf):
         name = jax.tree_util.keystr(path)
         if name not in arrays:
@@ -131,7 +141,10 @@ def restore(like: PyTree, arrays: Mapping[str, np.ndarray], what: str = "state")
 
 
 def save(
-    out_dir: str | Path, *, done: int, arrays: Mapping[str, np.ndarray],
+    out_dir: str | Path,
+    *,
+    done: int,
+    arrays: Mapping[str, np.ndarray],
     manifest: Mapping[str, Any],
 ) -> Saved | None:
     """Writes ``arrays`` and ``manifest`` (JSON) as ``out_dir/checkpoint.npz``, atomically.
@@ -196,22 +209,27 @@ def check_config(out_dir: str | Path, config: Mapping[str, Any]) -> None:
             stored = json.loads(str(npz[_MANIFEST]))["config"]
     except UNREADABLE as err:
         raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from None
-    differ = config_differences(
-        tomllib.loads(results.to_toml(config)), tomllib.loads(stored)
-    )
+    differ = config_differences(tomllib.loads(results.to_toml(config)), tomllib.loads(stored))
     if differ:
         raise CheckpointError(f"the config differs from the checkpoint's in {'; '.join(differ)}")
 
 
 def config_differences(resumed: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
     """The dotted keys whose values differ between two resolved configs, as
-    ``key: stored -> resumed`` (keys in ``FREE_KEYS`` do not count)."""
+    ``key: stored -> resumed`` (keys in ``FREE_KEYS`` do not count, nor keys in
+    ``GROWING_KEYS`` that grew)."""
     flat_a, flat_b = _flat(resumed), _flat(stored)
     return [
         f"{key}: {flat_b.get(key, '(unset)')!r} -> {flat_a.get(key, '(unset)')!r}"
         for key in sorted(set(flat_a) | set(flat_b))
-        if flat_a.get(key) != flat_b.get(key) and not key.startswith(FREE_KEYS)
+        if flat_a.get(key) != flat_b.get(key)
+        and not key.startswith(FREE_KEYS)
+        and not (key in GROWING_KEYS and _grew(flat_a.get(key), flat_b.get(key)))
     ]
+
+
+def _grew(resumed: Any, stored: Any) -> bool:
+    return isinstance(resumed, int) and isinstance(stored, int) and resumed > stored
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,6 +6,7 @@ is not finite, or when a client's update held a NaN or an infinity (unless
 such updates are dropped: ``[engine] nonfinite = "drop"``, where they enter
 the aggregate at weight 0 and are counted in ``nonfinite_updates``). A global
 model that evaluates to a non-finite loss diverged by the end of the block.
+Rounds in which every update was dropped are named at the end (``dropped_warnings``).
 """
 
 from __future__ import annotations
@@ -56,3 +57,20 @@ def first_divergence(
     if not np.isfinite(ev["loss"]):
         return Divergence(done, 0, "the global model's test loss is not finite")
     return None
+
+
+def dropped_warnings(round_metrics: dict[str, np.ndarray]) -> list[str]:
+    """The run-end warning for rounds in which every update was non-finite and dropped
+    (``nonfinite = "drop"``): nobody trained in them, and the model did not move."""
+    counted = np.asarray(round_metrics.get("participants", ()))
+    dropped = np.asarray(round_metrics.get("nonfinite_updates", np.zeros_like(counted)))
+    empty = int(np.sum((dropped > 0) & (counted == 0)))
+    if not empty:
+        return []
+    return [
+        (
+            f"{empty} of {counted.size} rounds trained nobody: every update was non-finite and "
+            'dropped (engine.nonfinite = "drop"), so the model did not move in them; lower '
+            'algorithm.client_lr, or set engine.nonfinite = "stop" to stop at the first one'
+        )
+    ]

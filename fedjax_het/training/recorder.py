@@ -24,7 +24,7 @@ from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine.round import RunState
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.training import checkpoint, compilation, distributed
-from fedjax_het.training.divergence import Divergence, first_divergence
+from fedjax_het.training.divergence import Divergence, dropped_warnings, first_divergence
 from fedjax_het.training.metrics import (
     EventAccounting,
     ScheduleAccounting,
@@ -106,18 +106,26 @@ class Recorder:
         after the first block (so that they do not delay the first round) or at the end."""
         data, self.report_of = self.report_of, None
         if data is not None:
+            report = diagnostics.describe(data)
+            text = results.strict_json(report) + "\n"
+            self.writer.write("data_summary.json", lambda path: path.write_text(text))
             self.writer.write(
-                "data_summary.json", lambda path: diagnostics.save_report(data, path.parent)
+                "label_heatmap.png",
+                lambda path: diagnostics.plot_label_heatmap(report["label_histogram"], path),
             )
 
     def records(self, prefix: str) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
         """What a checkpoint keeps of this recorder: per-round arrays (named under
         ``prefix``) and the evaluation lines."""
-        arrays = {
-            f"{prefix}/{k}": np.concatenate([b[k] for b in self.per_round])
+        arrays = {f"{prefix}/{k}": v for k, v in self.round_arrays().items()}
+        return arrays, self.evaluations
+
+    def round_arrays(self) -> dict[str, np.ndarray]:
+        """The per-round metrics so far, one array each (none before the first block)."""
+        return {
+            k: np.concatenate([b[k] for b in self.per_round])
             for k in (self.per_round[0] if self.per_round else {})
         }
-        return arrays, self.evaluations
 
     def restore(
         self,
@@ -148,7 +156,7 @@ class Recorder:
         line = {
             "round": done,
             "wall_s": round(self.wall_before + time.perf_counter() - self.start, 4),
-            "train_loss": float(np.mean(block_metrics["train_loss"])) if block_metrics else None,
+            "train_loss": _train_loss(block_metrics) if block_metrics else None,
             "participants": int(block_metrics["participants"][-1]) if block_metrics else 0,
             "nonfinite_updates": int(np.sum(block_metrics["nonfinite_updates"]))
             if block_metrics
@@ -195,9 +203,7 @@ class Recorder:
         """The run's ``History`` from the final ``state`` and evaluation ``ev`` (``hyper``: the
         run's hyperparameters, when they are not ``setup``'s: a sweep's cell)."""
         self.write_report()
-        round_metrics = {
-            k: np.concatenate([b[k] for b in self.per_round]) for k in self.per_round[0]
-        }
+        round_metrics = self.round_arrays()
         if self.accounting:
             round_metrics.update(self.accounting.per_round)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -278,12 +284,22 @@ class Recorder:
             ),
             **(self.accounting.totals() if self.accounting else {}),
         }
+        warnings = dropped_warnings(self.round_arrays())
         if self.accounting:
-            summary["warnings"] = system_warnings(
-                summary, setup.data.num_clients, len(self.accounting.per_round["clock_s"])
-            )
+            steps = len(self.accounting.per_round["clock_s"])
+            warnings = system_warnings(summary, setup.data.num_clients, steps) + warnings
+        if self.accounting or warnings:
+            summary["warnings"] = warnings
         algorithm = setup.round.algorithm
         if algorithm.report is not None:
             values = {k: float(v) for k, v in (setup.hyper if hyper is None else hyper).items()}
             summary.update(algorithm.report(values, setup.data.num_clients, final["round"]))
         return summary
+
+
+def _train_loss(block_metrics: dict[str, np.ndarray]) -> float | None:
+    """The mean training loss of the block's rounds in which someone trained; None when
+    nobody did (every client late, unavailable, or its update dropped as non-finite)."""
+    trained = np.asarray(block_metrics["examples"]) > 0
+    loss = np.asarray(block_metrics["train_loss"])
+    return float(np.mean(loss[trained])) if np.any(trained) else None

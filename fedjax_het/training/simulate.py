@@ -138,6 +138,9 @@ def run(
       Diverged: the run diverged (see ``nonfinite``).
       Interrupted: SIGINT or SIGTERM stopped the run after a block; the checkpoint
         and results were written (``interrupt.Interrupted``, its ``history`` holds them).
+        Stopped before its first round, its ``trained`` is False and no checkpoint was
+        written (a Ctrl-C while the round is built or planned: nothing was computed, no
+        ``history``).
       NotWritten: some result files could not be written (``results.NotWritten``).
     """
     training, engine, timing, output = grouped(locals())
@@ -154,26 +157,36 @@ def _run(
     timing: Timing,
     output: Output,
 ) -> History:
-    """The steps of a run: check, build the round, open the results, plan, loop, record."""
+    """The steps of a run: check, build the round, plan, open the results, loop, record.
+
+    A Ctrl-C before the results are opened stops the run at once (nothing was computed);
+    from then on SIGINT and SIGTERM are deferred (``interrupt.deferred``) until the last
+    result file is written."""
     timing.check(algorithm)
-    setup = _setup(data, model, algorithm, sampler, training, engine, timing)
-    key = rng.seed_key(training.seed)
-    recorder, resumed = _open_results(output, data, training.nonfinite)
-    loop = functools.partial(
-        train_loop,
-        rounds=training.rounds,
-        eval_every=training.eval_every,
-        progress=output.progress,
-        checkpoint_every=output.checkpoint_every,
-        done=0 if resumed is None else resumed.done,
-        unit="round" if timing.server is None else "event",
-    )
-    if timing.in_loop(algorithm):
-        end, plans = _run_online(setup, timing, key, recorder, loop, output, resumed)
-    else:
-        plans, recorder.accounting = _plan(setup, timing, training.rounds, key)
-        end = _run_planned(setup, plans, key, recorder, loop, output, resumed)
-    return _finish(recorder, end, setup, plans, output.targets)
+    try:
+        setup = _setup(data, model, algorithm, sampler, training, engine, timing)
+        key, start = rng.seed_key(training.seed), time.perf_counter()
+        online_ = timing.in_loop(algorithm)
+        plans, accounting = (None, None) if online_ else _plan(setup, timing, training.rounds, key)
+    except KeyboardInterrupt:
+        raise interrupt.Interrupted(trained=False) from None
+    with interrupt.deferred():
+        recorder, resumed = _open_results(output, data, training.nonfinite, start)
+        recorder.accounting = accounting
+        loop = functools.partial(
+            train_loop,
+            rounds=training.rounds,
+            eval_every=training.eval_every,
+            progress=output.progress,
+            checkpoint_every=output.checkpoint_every,
+            done=0 if resumed is None else resumed.done,
+            unit="round" if timing.server is None else "event",
+        )
+        if online_:
+            end, plans = _run_online(setup, timing, key, recorder, loop, output, resumed)
+        else:
+            end = _run_planned(setup, plans, key, recorder, loop, output, resumed)
+        return _finish(recorder, end, setup, plans, output.targets)
 
 
 def _setup(
@@ -210,14 +223,14 @@ def _setup(
 
 
 def _open_results(
-    output: Output, data: FederatedData, nonfinite: str
+    output: Output, data: FederatedData, nonfinite: str, start: float
 ) -> tuple[Recorder, checkpoint.Loaded | None]:
-    """The run's recorder (its results directory opened) and, resuming, the checkpoint,
-    its records restored into the recorder."""
+    """The run's recorder (its results directory opened; its wall clock from ``start``) and,
+    resuming, the checkpoint, its records restored into the recorder."""
     if output.resume and output.config is not None:  # before the Recorder rewrites config.toml
         checkpoint.check_config(output.out_dir, output.config)
     recorder = Recorder(
-        time.perf_counter(),
+        start,
         None,
         out_dir=output.out_dir,
         config=output.config,
@@ -292,7 +305,10 @@ def _run_online(
 
     def account():
         recorder.accounting = schedule_accounting(
-            _concat(rows), spec, data.train.count, data.num_clients,
+            _concat(rows),
+            spec,
+            data.train.count,
+            data.num_clients,
             float(timing.system.policy.start),
         )
 
@@ -379,5 +395,5 @@ def _finish(
     if recorder.divergence is not None:
         raise Diverged(recorder.divergence, history)
     if end.interrupted is not None:
-        raise interrupt.Interrupted(end.interrupted, end.done, history)
+        raise interrupt.Interrupted(end.interrupted, end.done, history, trained=end.done > 0)
     return history
