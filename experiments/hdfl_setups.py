@@ -1,8 +1,9 @@
 """HDFL against FedAvg, LS-FL and Oort in HDFL's three set-ups: error, fairness, cost and time.
 
 Zawad, Anwar, Baracaldo, Zhou and Yan, "HDFL: A Heterogeneity and Client Dropout-Aware
-Federated Learning Framework". The paper's claim (its abstract and evaluation): HDFL is best on model error, fairness and cost; LS-FL (over-select and
-drop the slowest) is the fastest but the worst on error and fairness; FedAvg is slow. This
+Federated Learning Framework". The paper's claim (its abstract and evaluation): HDFL is
+best on model error, fairness and cost; LS-FL (over-select and drop the slowest) is the
+fastest but the worst on error and fairness; FedAvg is slow. This
 script measures the same comparison on offline data, 3 set-ups x 4 methods x ``--seeds`` seeds.
 
 **Set-ups** (Table I, notes §4.1-4.2), mapped to the data this package ships:
