@@ -298,7 +298,9 @@ def test_lognormal_step_times_statistics():
     )
     np.testing.assert_allclose(np.asarray(same), [1, 2, 3, 4])
     with pytest.raises(ValueError, match="median"):
-        syn.lognormal_step_times(jax.random.key(5), 3, median=0.0, sigma=1.0)
+        syn.lognormal_step_times(jax.random.key(5), 3, median=-1.0, sigma=1.0)
+    # A median of 0: every step is free (as step_time = 0 for identical devices).
+    np.testing.assert_array_equal(syn.lognormal_step_times(jax.random.key(5), 3, median=0.0, sigma=1.0), 0)
     with pytest.raises(ValueError, match="sigma"):
         syn.lognormal_step_times(jax.random.key(5), 3, median=1.0, sigma=-1.0)
 
