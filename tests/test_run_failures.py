@@ -397,13 +397,14 @@ def all_poisoned() -> FederatedData:
     )
 
 
-def test_rounds_whose_every_update_was_dropped_have_no_train_loss_and_a_warning():
-    history = simulate.run(
-        all_poisoned(),
+def _dropping_run(data, rounds: int) -> simulate.History:
+    """FedAvg on 4 clients, 2 a round, non-finite updates dropped."""
+    return simulate.run(
+        data,
         models.logistic_regression((4,), 3),
         fedavg(),
         uniform(num_clients=4, cohort_size=2),
-        rounds=4,
+        rounds=rounds,
         work=LocalWork(batch_size=4),
         hyper={"client_lr": 0.1},
         eval_every=2,
@@ -411,6 +412,10 @@ def test_rounds_whose_every_update_was_dropped_have_no_train_loss_and_a_warning(
         devices=1,
         nonfinite="drop",
     )
+
+
+def test_rounds_whose_every_update_was_dropped_have_no_train_loss_and_a_warning():
+    history = _dropping_run(all_poisoned(), rounds=4)
     assert history.summary["status"] == "completed"
     assert [(m["train_loss"], m["participants"]) for m in history.metrics] == [(None, 0)] * 3
     (warning,) = history.summary["warnings"]
@@ -419,19 +424,7 @@ def test_rounds_whose_every_update_was_dropped_have_no_train_loss_and_a_warning(
 
 def test_a_run_that_trained_has_no_warnings_key():
     """Runs without a system that trained: their summary is as before (no ``warnings``)."""
-    history = simulate.run(
-        _clean(),
-        models.logistic_regression((4,), 3),
-        fedavg(),
-        uniform(num_clients=4, cohort_size=2),
-        rounds=2,
-        work=LocalWork(batch_size=4),
-        hyper={"client_lr": 0.1},
-        eval_every=2,
-        progress=False,
-        devices=1,
-        nonfinite="drop",
-    )
+    history = _dropping_run(_clean(), rounds=2)
     assert "warnings" not in history.summary
     assert history.metrics[-1]["train_loss"] > 0
 
