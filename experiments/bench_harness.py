@@ -78,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -572,7 +573,8 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
     (``ratio_to_loop``, ``ratio_to_bare_vmap``), another algorithm's engine row over
     FedAvg's with the same system, chunk and unrolling (``ratio_to_fedavg``), and a
     heterogeneous engine row over the same engine's (algorithm, chunk, unrolling) homogeneous
-    round (``ratio_to_homogeneous``), and a work-proportional engine row over the same round
+    round (``ratio_to_homogeneous``; a chunk the homogeneous round did not run, a
+    ``--sorted-chunks`` row's, over its fastest chunk), and a work-proportional engine row over the same round
     run with every masked step (``ratio_to_masked``, rows of ``proportional`` False)."""
 
     def key(row: dict[str, Any]) -> tuple:
@@ -611,8 +613,15 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
         if row.get("proportional", True) and key(row)[:3] + (row.get("algorithm"),) in masked:
             row["ratio_to_masked"] = row["median_s"] / masked[key(row)[:3] + (row["algorithm"],)]
         same_engine = key(row)[1:] + (row.get("algorithm"),)
-        if row.get("system", "none") != "none" and same_engine in homogeneous:
-            row["ratio_to_homogeneous"] = row["median_s"] / homogeneous[same_engine]
+        fastest = [
+            seconds
+            for (_, *rest), seconds in homogeneous.items()
+            if tuple(rest) == same_engine[1:]
+        ]
+        if row.get("system", "none") != "none" and (same_engine in homogeneous or fastest):
+            row["ratio_to_homogeneous"] = row["median_s"] / homogeneous.get(
+                same_engine, min(fastest or [math.nan])
+            )
         if row.get("system", "none") in loop:
             row["ratio_to_loop"] = row["median_s"] / loop[row.get("system", "none")]
         if bare:

@@ -260,12 +260,15 @@ def variants(
     algorithm_systems: list[str],
     loop_clients: int | None,
     masked: bool = False,
+    splits: tuple[int, ...] = (),
 ) -> tuple[list[harness.Variant], Callable[[], tuple[Any, dict]]]:
     """The cell's variants, each system's baselines first (its gate reference), and the
     memoised builder of the heterogeneous schedule row (built by the first variant needing it,
     so that its failure is recorded in the rows). FedAvg's engine runs under every system,
     the other ``algorithms`` under those of ``algorithm_systems``; with ``masked`` FedAvg's
-    engine also runs every masked step (``proportional=False``) beside each of its rows."""
+    engine also runs every masked step (``proportional=False``) beside each of its rows; each
+    of ``splits`` adds a FedAvg engine row of every heterogeneous system with its cohort run
+    in that many sorted chunks (``split_chunk``)."""
     plan = functools.cache(functools.partial(harness.flash_deadline_plan, setup))
     out = []
     for system in systems:
@@ -315,7 +318,25 @@ def variants(
                             return harness.engine(setup, size, unroll, made, p(), proportional)
 
                         out.append(harness.Variant("engine", settings, build))
+        for split in splits if system != "none" else ():
+            size = split_chunk(setup.cohort, split)
+            settings = {
+                "system": system,
+                "algorithm": "fedavg",
+                "chunk": size,
+                "chunk_from": f"--sorted-chunks {split}",
+                "unroll": 1,
+                "proportional": True,
+            }
+            build = lambda size=size, p=row_plan: harness.engine(setup, size, 1, None, p())
+            out.append(harness.Variant("engine", settings, build))
     return out, plan
+
+
+def split_chunk(cohort: int, split: int) -> int:
+    """The chunk that runs ``cohort`` slots in about ``split`` chunks: the smallest power of
+    two holding ``cohort / split`` slots (``cohort.effective_chunk`` keeps it)."""
+    return min(cohort, 1 << (-(-cohort // split) - 1).bit_length())
 
 
 def planned_chunk(setup: harness.Setup, factory: Callable | None = None) -> int:
@@ -579,6 +600,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also time FedAvg's engine running every masked step (before work-proportional rounds)",
     )
+    parser.add_argument(
+        "--sorted-chunks",
+        default="",
+        help="comma list of n: also time each heterogeneous system's FedAvg engine with its "
+        "cohort in about n chunks, sorted by work (split_chunk)",
+    )
     parser.add_argument("--unroll", default="1", help="engine local-step unrolling, comma list")
     parser.add_argument(
         "--algorithms",
@@ -692,6 +719,9 @@ def main(argv: list[str] | None = None) -> None:
                 algorithms=algorithms,
                 algorithm_systems=algorithm_systems,
                 masked=args.masked,
+                splits=tuple(int_list(args.sorted_chunks, "--sorted-chunks"))
+                if args.sorted_chunks
+                else (),
                 loop_clients=loop_clients,
                 warmup=warmup,
                 reps=reps,
