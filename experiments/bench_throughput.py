@@ -288,7 +288,11 @@ def variants(
                         continue
                     factory = ALGORITHMS[algorithm]
                     try:
-                        size = planned_chunk(setup, factory) if chunk == "auto" else chunk
+                        size = (
+                            planned_chunk(setup, factory, work_varies=system != "none")
+                            if chunk == "auto"
+                            else chunk
+                        )
                     except ValueError as refused:  # the plan's one line, in this variant's row
                         settings = {"system": system, "algorithm": algorithm, "chunk": "auto"}
 
@@ -339,12 +343,14 @@ def split_chunk(cohort: int, split: int) -> int:
     return min(cohort, 1 << (-(-cohort // split) - 1).bit_length())
 
 
-def planned_chunk(setup: harness.Setup, factory: Callable | None = None) -> int:
+def planned_chunk(
+    setup: harness.Setup, factory: Callable | None = None, *, work_varies: bool = False
+) -> int:
     """The chunk ``simulate.run`` would choose for the cell and algorithm (``factory``; None:
     the setup's FedAvg): ``memory.plan_memory`` on this device (the backend's preference, the
-    model's convolutions, the free memory with the client states on the device, read and
-    written in place, as the harness keeps them). Raises its one-line ValueError when the
-    round does not fit."""
+    model's convolutions, whether the clients' work varies (a system), the free memory with
+    the client states on the device, read and written in place, as the harness keeps them).
+    Raises its one-line ValueError when the round does not fit."""
     round_ = setup.round_
     algorithm = round_.algorithm if factory is None else factory()
     spec = dataclasses.replace(round_.spec, algorithm=algorithm)
@@ -357,6 +363,7 @@ def planned_chunk(setup: harness.Setup, factory: Callable | None = None) -> int:
         rounds=1,
         slots=setup.cohort,
         placement="device",
+        work_varies=work_varies,
     )
     return plan.chunk
 

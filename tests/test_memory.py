@@ -119,6 +119,32 @@ def test_on_cpu_a_dense_model_runs_a_vmap_and_a_convolutional_one_client_at_a_ti
     assert cohort.auto_chunk(300, backend="gpu", convolutional=True) == 300  # memory decides
 
 
+def test_on_accelerators_varying_work_runs_in_sorted_chunks_of_enough_flops():
+    # the whole cohort when every client's work is the same
+    assert cohort.auto_chunk(1000, backend="gpu") == 1000
+    # W1's MLP (2e7 FLOPs a step): 256 clients reach CHUNK_STEP_FLOPS; 10,000 clients in ~8
+    assert cohort.auto_chunk(1000, backend="gpu", step_flops=2e7) == 256
+    assert cohort.auto_chunk(10_000, backend="gpu", step_flops=2e7) == 2048
+    # W2's CNN (3e9 FLOPs a step): about WORK_CHUNKS chunks of 16
+    assert cohort.auto_chunk(100, backend="gpu", step_flops=3e9) == 16
+    assert cohort.auto_chunk(100, backend="gpu", step_flops=1.0) == 100  # never above the cohort
+    # the step's FLOPs: forward x 3 x batch; the MLP's forward is 2 x its weights, plus biases
+    mlp = make_spec(models.mlp((784,), 62, hidden=(200, 200)), FEDAVG)
+    split = memory.abstract_split(rows=64, example=(784,), num_clients=4)
+    weights = 784 * 200 + 200 * 200 + 200 * 62
+    assert 2 * weights <= memory.step_flops(mlp, split) / (3 * mlp.work.batch_size) < 2.1 * weights
+
+
+def test_the_plan_splits_a_varying_cohort_only_on_an_accelerator(monkeypatch):
+    split = dict(source="analytic", cohort=100_000, work_varies=True)
+    flops = memory.step_flops(SMALL, memory.abstract_split(rows=ROWS, example=(784,), num_clients=N))
+    assert plan(SMALL, **split).chunk == cohort.auto_chunk(100_000, backend="cpu")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert plan(SMALL, source="analytic", cohort=100_000).chunk == 100_000
+    assert plan(SMALL, **split).chunk == cohort.auto_chunk(100_000, backend="gpu", step_flops=flops)
+    assert plan(SMALL, **split).chunk == 16384  # 100,000 / WORK_CHUNKS, as a power of two
+
+
 def test_an_explicit_chunk_wins_and_is_still_checked():
     assert plan(SMALL, source="analytic", cohort=10, chunk=4).chunk == 4
     assert plan(SMALL, source="analytic", cohort=10, chunk=6).chunk == 4  # cohort.effective_chunk

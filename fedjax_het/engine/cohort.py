@@ -44,24 +44,41 @@ ClientFn = Callable[[ClientState, ClientTask], tuple[Update, ClientState, Client
 
 
 CPU_CHUNK = 8  # a dense model's clients per vmap on CPU (experiments/README.md, "Throughput")
+WORK_CHUNKS = 8  # accelerators: a round whose clients' steps differ runs in about this many chunks
+CHUNK_STEP_FLOPS = 4e9  # ... none of whose steps does fewer floating-point operations
 
 
 def auto_chunk(
-    cohort_size: int, *, backend: str | None = None, convolutional: bool = False
+    cohort_size: int,
+    *,
+    backend: str | None = None,
+    convolutional: bool = False,
+    step_flops: float | None = None,
 ) -> int:
     """The chunk a backend prefers before memory is counted (``memory.plan_chunk`` lowers it).
 
     On accelerators the whole cohort as one ``vmap``: the bigger the batch of
-    clients, the fuller the device. On CPU a dense model runs ``CPU_CHUNK``
-    clients per ``vmap`` (W1's MLP, 100 clients: chunk 8 1.02x the per-client
-    loop, 16 1.28x, 32 1.62x, 1 1.56x), or the whole cohort when that is under two
-    chunks (10 clients as one chunk: 0.97x; as 8 + 2 padded: 2.1x); a convolutional
-    one chunk 1 (XLA:CPU's batched convolutions are slower than a loop of single
-    ones; ``experiments/README.md``).
+    clients, the fuller the device. But a chunk's step loop runs to its longest
+    client, so a round whose clients' steps differ (``step_flops`` given: one
+    client's training step) runs in about ``WORK_CHUNKS`` chunks, sorted by work
+    (``run_cohort``), each at least ``CHUNK_STEP_FLOPS`` a step. On one H200 the
+    flash-deadline round (58 % of the steps) went from 0.98x to 0.86x the
+    homogeneous round at W1/1,000 (chunk 256; 8 chunks of 128: 0.95x), from 1.00x
+    to 0.69x at W1/10,000 (2,048) and from 1.00x to 0.71x at W2/100 (16)
+    (``experiments/bench_results/gpu-h200-20261126b``).
+
+    On CPU a dense model runs ``CPU_CHUNK`` clients per ``vmap`` (W1's MLP, 100
+    clients: chunk 8 1.02x the per-client loop, 16 1.28x, 32 1.62x, 1 1.56x), or
+    the whole cohort when that is under two chunks (10 clients as one chunk:
+    0.97x; as 8 + 2 padded: 2.1x); a convolutional one chunk 1 (XLA:CPU's batched
+    convolutions are slower than a loop of single ones; ``experiments/README.md``).
     """
     backend = backend or jax.default_backend()
     if backend != "cpu":
-        return cohort_size
+        if step_flops is None:
+            return cohort_size
+        size = max(-(-cohort_size // WORK_CHUNKS), math.ceil(CHUNK_STEP_FLOPS / step_flops))
+        return min(cohort_size, 1 << (size - 1).bit_length())
     if convolutional:
         return 1
     return cohort_size if cohort_size < 2 * CPU_CHUNK else CPU_CHUNK

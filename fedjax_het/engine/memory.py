@@ -137,6 +137,7 @@ def plan_chunk(
     safety: float = SAFETY,
     source: str = "auto",
     in_place: bool = False,
+    work_varies: bool = False,
 ) -> ChunkPlan:
     """Chooses (or checks) the chunk size of a round from its memory.
 
@@ -156,8 +157,8 @@ def plan_chunk(
       source: "xla", "analytic", or "auto": XLA's analysis on accelerators,
         the analytic sum on CPU (chunk 1 by preference, and compiling a CNN
         probe on XLA:CPU takes seconds).
-      in_place: the round reads and writes client states in their table chunk by
-        chunk (``cohort.StateTable``), so a slot holds no state of its own.
+      in_place: client states read and written in their table (``cohort.StateTable``).
+      work_varies: the clients' steps may differ (``preferred_chunk``).
 
     Raises:
       ValueError: (one line) bad arguments, or a round that does not fit with
@@ -191,7 +192,7 @@ def plan_chunk(
     budget = safety * free
     if chunk is None:
         fits = int((budget - plan.need(0)) // max(runs * plan.per_client_bytes, 1))
-        preferred = preferred_chunk(spec, train, cohort) if cap is None else cap
+        preferred = preferred_chunk(spec, train, cohort, work_varies) if cap is None else cap
         chunk = max(1, min(preferred, cohort, fits))
     plan = dataclasses.replace(plan, chunk=effective_chunk(chunk, cohort))
     if plan.need(plan.chunk) > budget:
@@ -218,6 +219,7 @@ def plan_memory(
     resident: int = 0,
     in_place: bool = True,
     free_bytes: int | None = None,
+    work_varies: bool = False,
 ) -> tuple[StatePlan, ChunkPlan]:
     """Where a round keeps its client states and the chunk it runs, planned together.
 
@@ -227,7 +229,7 @@ def plan_memory(
     are. Refused in one line, before anything compiles, when nothing fits.
 
     Args:
-      spec, hyper, train, num_clients, runs, chunk: as ``plan_chunk``.
+      spec, hyper, train, num_clients, runs, chunk, work_varies: as ``plan_chunk``.
       rounds, slots: a run writes at most ``rounds x slots`` clients' states.
       placement: "auto", "device" or "host" (``client_store.PLACEMENTS``).
       devices: devices the slots and the device states are sharded over.
@@ -250,7 +252,7 @@ def plan_memory(
                 spec, hyper, train, num_clients=num_clients, cohort=-(-slots // devices),
                 runs=runs, chunk=chunk, free_bytes=free,
                 resident=resident + (state.device_bytes // devices if on_device else 0),
-                in_place=in_place and on_device and devices == 1,
+                in_place=in_place and on_device and devices == 1, work_varies=work_varies,
             )  # fmt: skip
             return state, chunk_plan
         except ValueError as error:
@@ -258,10 +260,26 @@ def plan_memory(
     raise ConfigError("; ".join(errors))
 
 
-def preferred_chunk(spec: LocalSpec, train: DeviceSplit, cohort: int) -> int:
+def preferred_chunk(
+    spec: LocalSpec, train: DeviceSplit, cohort: int, work_varies: bool = False
+) -> int:
     """The backend's chunk for this model before memory is counted (``cohort.auto_chunk``),
-    told whether the model convolves (XLA:CPU runs batched convolutions slowly)."""
-    return auto_chunk(cohort, convolutional=convolutional(spec.model, train.x))
+    told whether the model convolves (XLA:CPU runs batched convolutions slowly) and, when
+    the clients' work varies on an accelerator, the FLOPs of one client's step."""
+    flops = step_flops(spec, train) if work_varies and jax.default_backend() != "cpu" else None
+    return auto_chunk(cohort, convolutional=convolutional(spec.model, train.x), step_flops=flops)
+
+
+def step_flops(spec: LocalSpec, train: DeviceSplit) -> float:
+    """One client's local step in floating-point operations: XLA's count of the forward
+    pass on one example (the lowered program, never compiled), x 3 for the backward pass,
+    x the batch size."""
+    example = jax.ShapeDtypeStruct((1, *train.x.shape[1:]), train.x.dtype)
+    params = jax.eval_shape(spec.model.init, jax.random.key(0))
+    forward = jax.jit(lambda p, x: spec.model.apply(p, x, train=True, key=jax.random.key(0)))
+    cost = forward.lower(params, example).cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost  # a list of one in older JAX
+    return 3.0 * max(float(cost.get("flops", 0.0)), 1.0) * spec.work.batch_size
 
 
 def convolutional(model: Model, x: jax.Array) -> bool:

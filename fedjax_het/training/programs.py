@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
@@ -25,7 +26,7 @@ from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.training.divergence import NONFINITE
 from fedjax_het.training.metrics import evaluate, evaluate_personal
-from fedjax_het.training.plan import local_spec
+from fedjax_het.training.plan import local_spec, steps_needed
 from fedjax_het.typing import Hyper, PRNGKey, PyTree
 
 
@@ -67,15 +68,15 @@ class Setup:
         devices: int | None = None,
         nonfinite: str = "stop",
         ring_depth: int = 0,
+        system: bool = False,
     ) -> Setup:
         """Checks the arguments ``run`` and ``sweep`` share and builds the round.
 
-        The client states' placement and the chunk size are planned here, before
-        anything compiles (``memory.plan_memory``; a round that cannot fit is refused
-        with one line): ``slots`` (default: the cohort size) clients a round at most,
-        ``runs`` runs held at once, each device running its share of the slots.
-        ``ring_depth`` > 0 keeps that many recent broadcasts for slots that train from
-        older versions (``Round.ring_depth``).
+        The client states' placement and the chunk are planned before anything compiles
+        (``memory.plan_memory``; a round that cannot fit is refused in one line): ``slots``
+        (default: the cohort) clients a round at most, ``runs`` runs at once, each device
+        running its share. ``ring_depth`` > 0 keeps that many recent broadcasts for slots
+        that train from older versions (``Round.ring_depth``). ``system``: work varies.
         """
         _check(data, sampler, rounds, eval_every, weighting, nonfinite)
         model = run_model(model, precision)
@@ -99,6 +100,7 @@ class Setup:
             chunk=chunk,
             resident=resident,
             in_place=not ring_depth,
+            work_varies=system or _ragged(spec, data),
         )
         round_ = Round(
             model,
@@ -310,3 +312,9 @@ def _ring_bytes(
         jax.eval_shape(lambda p: algorithm.server_init(p, hyper, num_clients), params),
     )
     return depth * client_store.tree_bytes(ring)
+
+
+def _ragged(spec, data: FederatedData) -> bool:
+    """Whether the clients' full tasks take different numbers of steps (accelerators then
+    run the cohort in several chunks sorted by work: ``cohort.auto_chunk``)."""
+    return len(np.unique(steps_needed(spec, data.train.count))) > 1

@@ -219,6 +219,7 @@ def _setup(
         devices=engine.devices,
         nonfinite=training.nonfinite,
         ring_depth=ring_depth(timing.system, timing.server),
+        system=timing.system is not None,
     )
 
 
