@@ -65,6 +65,11 @@ class ClientStats:
       staleness: int32 server versions between the model it trained from and the
         model its update is applied to (0: fresh; set by the engine when a round
         holds stale slots, ``fedjax_het.asynchronous``), or None in a synchronous round.
+      work_kept: the share of the full model's work the client kept, in (0, 1], or None
+        for 1 (all of it). An algorithm that trains part of the model reports it for the
+        selections that weigh clients by capability (``ClientRecord.work_kept``): FreezeFL
+        its unfrozen layers over all layers (``L - n_k`` over ``L``, set by
+        ``training.online``), a sub-model its width ratio (FjORD's ``p``).
     """
 
     loss_sum: jax.Array
@@ -73,6 +78,7 @@ class ClientStats:
     trained: PyTree | None = None
     finite: jax.Array | None = None
     staleness: jax.Array | None = None
+    work_kept: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +298,30 @@ class CohortProbe:
 
 
 @dataclasses.dataclass(frozen=True)
+class SubModel:
+    """Each client trains a sub-model of the params, as masks (``algorithms/submodels.py``).
+
+    In local step ``s`` the engine (``local.local_update``) asks ``step`` for the step's
+    ``(mask, factors)``: the model's forward pass sees ``params * factors`` (so the
+    gradient of a masked param is exactly 0), and the step's update is multiplied by
+    ``mask`` (so no optimizer state, momentum included, moves a masked param). The
+    client reports ``trained`` as ``ClientStats.trained``, which ``masked_mean`` reads:
+    each param is averaged over the clients that trained it.
+
+    Attributes:
+      step: ``(model, x, ctx, hyper, key) -> (mask, factors)``: ``x`` a batch of the
+        client's inputs (for its shapes), ``ctx`` the step's ``LocalContext``, ``key``
+        the step's own; ``mask`` 0/1 and ``factors`` (the mask times a scaler, or the
+        mask) are pytrees broadcastable to the params.
+      trained: ``(model, x, ctx, hyper) -> mask`` the params the client trained this
+        round (the union of its steps' masks, or more: FjORD sends its widest sub-model).
+    """
+
+    step: Callable[..., tuple[PyTree, PyTree]]
+    trained: Callable[..., PyTree]
+
+
+@dataclasses.dataclass(frozen=True)
 class Interval:
     """The values a hyperparameter may take, e.g. ``Interval(0, closed_low=False)`` for ``(0, inf)``."""
 
@@ -367,6 +397,7 @@ class FederatedAlgorithm:
         Fresh slots are the same either way.
       probe: a statistic of the cohort gathered before local training (Mime's control
         variate, Agnostic FedAvg's domain losses and masses), or None.
+      submodel: each client's sub-model as masks (FjORD, HeteroFL, FedRolex), or None.
     """
 
     name: str
@@ -389,6 +420,7 @@ class FederatedAlgorithm:
     hyper_ranges: tuple[tuple[str, Interval], ...] = ()
     update_base: str = "start"
     probe: CohortProbe | None = None
+    submodel: SubModel | None = None
 
     def __post_init__(self):
         if self.update_base not in UPDATE_BASES:

@@ -214,20 +214,25 @@ def local_update(
     optimizer = algorithm.client_optimizer(hyper)
     step_model = compute_model(model, spec.precision)
 
-    def loss_fn(params, batch, s, key):
-        ctx = LocalContext(broadcast, start, client_state, s, num_steps, client_id=task.client_id)
-        return algorithm.local_loss(step_model, params, batch, ctx, hyper, key)
+    def context(s):
+        return LocalContext(broadcast, start, client_state, s, num_steps, client_id=task.client_id)
+
+    def loss_fn(params, batch, s, key, factors=None):
+        model_s = masked_model(step_model, factors)
+        return algorithm.local_loss(model_s, params, batch, context(s), hyper, key)
 
     def masked_step(s, carry):
         params, opt_state, loss_sum, processed = carry
         at = jnp.minimum(s, spec.max_steps - 1)  # a step past max_steps (unroll) is masked
         rows, mask = indices[at], example_mask[at]
+        key = jax.random.fold_in(train_key, s)
+        sub_mask, factors = _submodel_step(spec, context(s), data.x[rows], hyper, key)
         loss, grads = jax.value_and_grad(loss_fn)(
-            params, (data.x[rows], data.y[rows], mask), s, jax.random.fold_in(train_key, s)
+            params, (data.x[rows], data.y[rows], mask), s, key, factors
         )
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         active = (s < num_steps).astype(jnp.float32)
-        scale = _step_scale(updates, active, task, s)
+        scale = _step_scale(updates, active, task, s, sub_mask)
         params = jax.tree.map(lambda p, u, a: p + jnp.where(a > 0, a * u, 0), params, updates, scale)
         opt_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_opt_state, opt_state)
         count = jnp.where(s < num_steps, jnp.sum(mask, dtype=jnp.int32), 0)
@@ -257,7 +262,7 @@ def local_update(
         task.client_id,
     )
     update, client_state = algorithm.client_finalize(params, ctx, hyper)
-    stats = ClientStats(loss_sum, processed, num_steps, task.train_mask)
+    stats = ClientStats(loss_sum, processed, num_steps, _trained(spec, task, ctx, first[0], hyper))
     return update, client_state, stats
 
 
@@ -290,10 +295,53 @@ def probe_client(
     return value, client_state, ClientStats(jnp.zeros(()), count, jnp.zeros((), jnp.int32))
 
 
-def _step_scale(updates: Update, active: jax.Array, task: ClientTask, s: jax.Array) -> PyTree:
+def masked_model(model: Model, factors: PyTree | None) -> Model:
+    """``model`` whose forward pass sees ``params * factors`` (a sub-model's mask and scaler,
+    ``SubModel.step``), so a masked param's gradient is exactly 0; ``model`` itself for None."""
+    if factors is None:
+        return model
+
+    def apply(params: PyTree, x: jax.Array, *, train: bool, key: PRNGKey | None) -> jax.Array:
+        scaled = jax.tree.map(lambda p, f: p * f.astype(p.dtype), params, factors)
+        return model.apply(scaled, x, train=train, key=key)
+
+    return dataclasses.replace(model, apply=apply)
+
+
+def _submodel_step(
+    spec: LocalSpec, ctx: LocalContext, x: jax.Array, hyper: Hyper, key: PRNGKey
+) -> tuple[PyTree | None, PyTree | None]:
+    """The step's ``(mask, factors)`` of the algorithm's ``SubModel`` (``(None, None)`` without
+    one), from its own stream of the step's key."""
+    submodel = spec.algorithm.submodel
+    if submodel is None:
+        return None, None
+    return submodel.step(spec.model, x, ctx, hyper, rng.stream(key, "submodel"))
+
+
+def _trained(
+    spec: LocalSpec, task: ClientTask, ctx: LocalContext, x: jax.Array, hyper: Hyper
+) -> PyTree | None:
+    """What the client reports as trained: the task's train mask and its sub-model's."""
+    submodel = spec.algorithm.submodel
+    if submodel is None:
+        return task.train_mask
+    trained = submodel.trained(spec.model, x, ctx, hyper)
+    if task.train_mask is None:
+        return trained
+    return jax.tree.map(lambda a, b: a * b, trained, task.train_mask)
+
+
+def _step_scale(
+    updates: Update, active: jax.Array, task: ClientTask, s: jax.Array,
+    sub_mask: PyTree | None = None,
+) -> PyTree:
     """Step ``s``'s factor on each leaf of its update: ``active`` (0 past the client's count),
-    times ``task.train_mask`` where it applies (from step ``task.mask_from`` on)."""
+    times ``task.train_mask`` where it applies (from step ``task.mask_from`` on), times the
+    step's sub-model mask ``sub_mask``."""
     scale = jax.tree.map(lambda u: active.astype(u.dtype), updates)
+    if sub_mask is not None:
+        scale = jax.tree.map(lambda a, m: a * m.astype(a.dtype), scale, sub_mask)
     if task.train_mask is None:
         return scale
     train_mask = task.train_mask

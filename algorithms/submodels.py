@@ -1,0 +1,343 @@
+"""Sub-models of a model's width as masks: the common part of FjORD, HeteroFL and FedRolex.
+
+A client of width ratio ``p`` in (0, 1] trains, in every hidden layer of ``n`` units, the
+``k = ceil(p n)`` units of a window starting at ``offset``: unit ``u`` is kept when
+``(u - offset) mod n < k`` (offset 0: the leading ``k`` units, Diao et al. 2021, §3.1;
+offset ``r mod n`` in round ``r``: FedRolex, Alam et al. 2022, Eq. 3). The model's input
+and its output keep their full size. The sub-model is not cut out of the params: it is a
+0/1 mask of their shape (``engine.algorithm.SubModel``), so a cohort of different widths
+trains as one vmapped program, and a mask of ratio 1 is all ones (the full model, bit for
+bit). Masks alone cost full width in simulation time.
+
+**Unit axes, from the params' shapes.** A *layer* is a top-level entry of the params
+(a Linen module: ``Dense_0``, ``Conv_1``, ``OptimizedLSTMCell_0``, ``Embed_0``),
+ordered by first use in the model's forward pass (traced once). Every leaf's last axis is
+its layer's units (Dense kernel ``[in, out]``, Conv kernel ``[h, w, in, out]``, bias
+``[out]``, embedding ``[vocab, out]``, an RNN cell's kernels ``[in or units, units]``);
+every layer but the last is hidden, and its unit axis is masked. A kernel's fan-in axis
+(``-2``) reads: the layer's own units, when it has that size and the layer also holds a
+kernel of another fan-in (a recurrent cell's state); else, in the first layer, the
+model's input (kept); else the previous layer's units, flattened channel-last
+(``fan_in = repeat * units``, the unit of row ``i`` being ``i mod units``: a conv's
+``[H, W, C]`` output reshaped for a dense layer). A model whose layers cannot be read so
+(leaves of one layer ending in different sizes, a fan-in that is no multiple of the
+previous units) or that has no hidden layer is refused in one line.
+
+**Scaler** (HeteroFL, §3.1: ``Scaler(p)`` divides a hidden layer's output by ``p`` in
+training, identity at evaluation): here every fan-in row that reads masked units is
+multiplied by ``1 / p`` in the training forward pass, the same function for the
+positively homogeneous ReLU and max-pool of the MLP and CNN, and for the RNN cells the
+hidden state scaled by ``1 / p`` wherever it is read.
+
+>>> import jax
+>>> from fedjax_het import models
+>>> model = models.mlp((4,), 3, hidden=(5,))
+>>> params = model.init(jax.random.key(0))
+>>> layout = unit_layout(model, params, jax.numpy.zeros((1, 4)), levels=(1.0, 0.5))
+>>> [(leaf.fan_in, leaf.out) for leaf in layout.leaves]  # Dense_0 bias, kernel; Dense_1 ...
+[(None, 5), (None, 5), (None, None), (5, None)]
+>>> mask = width_mask(layout, 1)  # ratio levels[1] = 0.5: ceil(0.5 * 5) = 3 units kept
+>>> mask["Dense_0"]["kernel"][0].tolist()
+[1.0, 1.0, 1.0, 0.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from fedjax_het.algorithms import optimizers
+from fedjax_het.algorithms.fedavg import ServerState as ModelState
+from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext, SubModel, masked_mean
+from fedjax_het.models import Model
+from fedjax_het.transforms.compression import bytes_sent, identity
+from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree
+
+
+def check_widths(widths: tuple[float, ...], name: str = "widths") -> tuple[float, ...]:
+    """``widths`` as floats if they are ratios in (0, 1], strictly decreasing (each level's
+    units nest inside the previous one's); else a one-line ValueError."""
+    widths = tuple(float(p) for p in widths)
+    if not widths:
+        raise ValueError(f"{name} must name at least one width ratio")
+    bad = [p for p in widths if not 0.0 < p <= 1.0]
+    if bad:
+        raise ValueError(f"{name}: a width ratio must lie in (0, 1], got {bad[0]:g}")
+    if any(a <= b for a, b in zip(widths, widths[1:])):
+        raise ValueError(
+            f"{name} must be strictly decreasing from the widest, so that each sub-model "
+            f"nests in the wider ones; got {list(widths)}"
+        )
+    return widths
+
+
+def kept_units(ratio: float, units: int) -> int:
+    """``ceil(ratio * units)``, at least 1, in exact decimal arithmetic (``0.7 * 10`` is 7)."""
+    return max(1, math.ceil(Fraction(repr(ratio)) * units))
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafAxes:
+    """The unit axes of one params leaf: ``out`` units of its last axis when masked (a hidden
+    layer's), ``fan_in`` units its axis -2 reads when masked (each ``repeat`` times)."""
+
+    out: int | None
+    fan_in: int | None
+    repeat: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a model's hidden units lie in its params (see the module docstring).
+
+    Attributes:
+      treedef: the params' tree structure.
+      shapes: each leaf's shape, in tree order.
+      leaves: each leaf's ``LeafAxes``, in tree order.
+      levels: the width ratios the masks are built for, widest first.
+    """
+
+    treedef: jax.tree_util.PyTreeDef
+    shapes: tuple[tuple[int, ...], ...]
+    leaves: tuple[LeafAxes, ...]
+    levels: tuple[float, ...] = (1.0, 0.5)
+
+    @property
+    def units(self) -> tuple[int, ...]:
+        """The distinct sizes of masked unit axes."""
+        sizes = {a.out for a in self.leaves} | {a.fan_in for a in self.leaves}
+        return tuple(sorted(s for s in sizes if s is not None))
+
+
+def layer_order(model: Model, params: Params, x: jax.Array) -> list[str]:
+    """The params' top-level entries in order of first use in ``model.apply`` on ``x``."""
+    leaves, treedef = jax.tree.flatten(params)
+    paths = [path[0].key for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    abstract = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in leaves]
+    example = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    closed = jax.make_jaxpr(
+        lambda ls, xs: model.apply(jax.tree.unflatten(treedef, ls), xs, train=False, key=None)
+    )(abstract, example)
+    position = {id(var): i for i, var in enumerate(closed.jaxpr.invars[: len(leaves)])}
+    order: list[str] = []
+    for eqn in closed.jaxpr.eqns:
+        for var in eqn.invars:
+            i = position.get(id(var))
+            if i is not None and paths[i] not in order:
+                order.append(paths[i])
+    return order + [p for p in dict.fromkeys(paths) if p not in order]
+
+
+def _layer_axes(name: str, shapes: list[tuple[int, ...]], first: bool, hidden: bool,
+                previous: int | None, where: str) -> list[LeafAxes]:
+    """The ``LeafAxes`` of one layer's leaves (shapes in tree order)."""
+    ends = {shape[-1] for shape in shapes if shape}
+    if len(ends) != 1:
+        raise ValueError(f"{where}: cannot tell the units of layer {name}: its params end in "
+                         f"sizes {sorted(ends)}")
+    units = ends.pop()
+    fan_ins = {shape[-2] for shape in shapes if len(shape) >= 2}
+    axes = []
+    for shape in shapes:
+        fan_in, repeat = None, 1
+        if len(shape) >= 2:
+            f = shape[-2]
+            if f == units and len(fan_ins) > 1:
+                fan_in = units  # a recurrent cell's state
+            elif not first:
+                if f % previous:
+                    raise ValueError(f"{where}: layer {name} reads {f} inputs, not a multiple "
+                                     f"of the previous layer's {previous} units")
+                fan_in, repeat = previous, f // previous
+        axes.append(LeafAxes(units if hidden and shape else None, fan_in, repeat))
+    return axes
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_layout(model: Model, treedef, shapes, dtypes, x_shape, x_dtype) -> Layout:
+    params = jax.tree.unflatten(treedef, [jnp.zeros(s, d) for s, d in zip(shapes, dtypes)])
+    where = f"width masks of model {model.name}"
+    order = layer_order(model, params, jnp.zeros(x_shape, x_dtype))
+    if len(order) < 2:
+        raise ValueError(f"{where}: the model has no hidden units to mask (one layer: "
+                         f"{', '.join(order)})")
+    paths = [path[0].key for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    axes: dict[int, LeafAxes] = {}
+    previous = None
+    for depth, name in enumerate(order):
+        index = [i for i, p in enumerate(paths) if p == name]
+        layer = _layer_axes(name, [shapes[i] for i in index], depth == 0,
+                            depth < len(order) - 1, previous, where)
+        axes.update(zip(index, layer))
+        previous = shapes[index[0]][-1]
+    return Layout(treedef, shapes, tuple(axes[i] for i in range(len(paths))))
+
+
+def unit_layout(model: Model, params: Params, x: jax.Array,
+                levels: tuple[float, ...] = (1.0, 0.5)) -> Layout:
+    """The ``Layout`` of ``model``'s params (shapes only; computed once per model and shapes),
+    for the width ratios ``levels`` (widest first)."""
+    leaves, treedef = jax.tree.flatten(params)
+    layout = _cached_layout(
+        model, treedef, tuple(tuple(leaf.shape) for leaf in leaves),
+        tuple(jnp.dtype(leaf.dtype) for leaf in leaves), tuple(x.shape), jnp.dtype(x.dtype),
+    )
+    return dataclasses.replace(layout, levels=check_widths(levels))
+
+
+def unit_mask(layout: Layout, units: int, level: jax.Array, offset: jax.Array) -> jax.Array:
+    """``[units]`` 0/1: the window of ``ceil(p units)`` units from ``offset mod units``,
+    ``p = layout.levels[level]``."""
+    kept = jnp.asarray([kept_units(p, units) for p in layout.levels], jnp.int32)[level]
+    return ((jnp.arange(units) - offset) % units < kept).astype(jnp.float32)
+
+
+def width_mask(layout: Layout, level: jax.Array, offset: jax.Array = 0,
+               scaler: bool = False) -> PyTree:
+    """The params' 0/1 mask at width ``layout.levels[level]`` (traced), each leaf an array
+    broadcastable to it; with ``scaler``, fan-in rows reading masked units times ``1 / p``."""
+    vectors = {n: unit_mask(layout, n, level, offset) for n in layout.units}
+    ratio = jnp.asarray(layout.levels, jnp.float32)[level]
+    masks = []
+    for shape, axes in zip(layout.shapes, layout.leaves):
+        out = vectors[axes.out] if axes.out is not None else jnp.ones((1,), jnp.float32)
+        if len(shape) < 2:
+            masks.append(out if axes.out is not None else jnp.ones((), jnp.float32))
+            continue
+        rows = jnp.ones((1,), jnp.float32)
+        if axes.fan_in is not None:
+            rows = jnp.tile(vectors[axes.fan_in], axes.repeat) * (1.0 / ratio if scaler else 1.0)
+        masks.append((rows[:, None] * out[None, :]).reshape((1,) * (len(shape) - 2)
+                                                             + (rows.size, out.size)))
+    return jax.tree.unflatten(layout.treedef, masks)
+
+
+def level_counts(layout: Layout) -> np.ndarray:
+    """``[L]`` params each width level trains (and uploads), from its masks (exact)."""
+    def count(level: int) -> int:
+        mask = width_mask(layout, jnp.int32(level))
+        return int(sum(np.broadcast_to(np.asarray(m), s).sum()
+                       for m, s in zip(jax.tree.leaves(mask), layout.shapes)))
+
+    return np.asarray([count(level) for level in range(len(layout.levels))], np.int64)
+
+
+def levels_by_speed(step_time: np.ndarray, num_levels: int) -> tuple[int, ...]:
+    """Each client's width level from its step time by quantile: the fastest ``1 / L`` of the
+    clients get level 0 (widest), the slowest ``1 / L`` level ``L - 1``; ties by client id."""
+    step_time = np.asarray(step_time, np.float64)
+    rank = np.empty(step_time.size, np.int64)
+    rank[np.argsort(step_time, kind="stable")] = np.arange(step_time.size)
+    return tuple(int(level) for level in rank * num_levels // max(step_time.size, 1))
+
+
+@struct.dataclass
+class WidthState:
+    """The server's model and optimizer state, each client's width level ``[N]`` (int32, an
+    index into the widths) and the rounds done (FedRolex's window offset)."""
+
+    model: ModelState
+    levels: jax.Array
+    round: jax.Array
+
+
+@struct.dataclass
+class WidthPayload:
+    """What a client downloads: the full model, the width levels ``[N]`` and the round."""
+
+    params: Params
+    levels: jax.Array
+    round: jax.Array
+
+
+def _start(model: Model, payload: WidthPayload, client_state: ClientState, batches, hyper: Hyper,
+           key: PRNGKey) -> tuple[Params, ClientState]:
+    del model, batches, hyper, key
+    return payload.params, client_state
+
+
+def _payload(broadcast) -> tuple[float, float]:
+    """Full-width bytes both ways (the schedule's; a narrower client's share is not priced)."""
+    full = float(bytes_sent(identity(), getattr(broadcast, "params", broadcast)))
+    return full, full
+
+
+def check_levels(client_levels: tuple[int, ...], widths: tuple[float, ...]) -> tuple[int, ...]:
+    """``client_levels`` as ints if each indexes ``widths``; else a one-line ValueError."""
+    levels = tuple(int(level) for level in client_levels)
+    bad = [level for level in levels if not 0 <= level < len(widths)]
+    if bad:
+        raise ValueError(f"client_levels: level {bad[0]} is not an index of the "
+                         f"{len(widths)} widths")
+    return levels
+
+
+def width_fedavg(
+    name: str, widths: tuple[float, ...], *, ordered_dropout: bool, rolling: bool, scaler: bool,
+    client_levels: tuple[int, ...] = (), client_lr: float = 0.05, server_lr: float = 1.0,
+) -> FederatedAlgorithm:
+    """FedAvg in which client ``k`` trains the sub-model of its width level (``SubModel``).
+
+    Args:
+      name: registry name.
+      widths: the width ratios, widest first (``check_widths``).
+      ordered_dropout: each local step trains a width drawn uniformly from the client's
+        level and narrower (FjORD); else every step trains the client's own width.
+      rolling: the window of kept units starts at unit ``round mod units`` (FedRolex); else
+        at unit 0.
+      scaler: HeteroFL's scaler in training (``width_mask``).
+      client_levels: each client's level (an index of ``widths``, one per client of the
+        population); empty: client ``k`` gets level ``k mod L``.
+      client_lr, server_lr: the clients' and the server's SGD learning rates (traced).
+    """
+    widths = check_widths(widths)
+    given = check_levels(client_levels, widths)
+    base = fedavg(
+        client_optimizer=optimizers.sgd("client", lr=client_lr),
+        server_optimizer=optimizers.sgd("server", lr=server_lr),
+        aggregator=masked_mean(), client_start=_start, name=name,
+    )
+
+    def server_init(params: Params, hyper: Hyper, num_clients: int) -> WidthState:
+        if given and len(given) != num_clients:
+            raise ValueError(f"{name}: client_levels names {len(given)} clients, the "
+                             f"population has {num_clients}")
+        levels = np.asarray(given) if given else np.arange(num_clients) % len(widths)
+        return WidthState(base.server_init(params, hyper, num_clients),
+                          jnp.asarray(levels, jnp.int32), jnp.zeros((), jnp.int32))
+
+    def server_update(state: WidthState, aggregate, hyper: Hyper, key=None) -> WidthState:
+        model = base.server_update(state.model, aggregate, hyper, key)
+        return WidthState(model, state.levels, state.round + 1)
+
+    def window(model: Model, x: jax.Array, ctx: LocalContext):
+        payload = ctx.broadcast
+        layout = unit_layout(model, ctx.start, x, widths)
+        return layout, payload.levels[ctx.client_id], payload.round if rolling else 0
+
+    def step(model: Model, x: jax.Array, ctx: LocalContext, hyper: Hyper, key: PRNGKey):
+        del hyper
+        layout, level, offset = window(model, x, ctx)
+        if ordered_dropout:
+            level = jax.random.randint(key, (), level, len(widths), jnp.int32)
+        mask = width_mask(layout, level, offset)
+        return mask, (width_mask(layout, level, offset, scaler=True) if scaler else mask)
+
+    def trained(model: Model, x: jax.Array, ctx: LocalContext, hyper: Hyper) -> PyTree:
+        del hyper
+        return width_mask(*window(model, x, ctx))
+
+    return dataclasses.replace(
+        base, server_init=server_init, broadcast=lambda s: WidthPayload(s.model.params,
+        s.levels, s.round), server_update=server_update,
+        global_params=lambda s: s.model.params, submodel=SubModel(step, trained),
+        payload=_payload,
+    )
