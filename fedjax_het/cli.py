@@ -267,32 +267,32 @@ def _stored_config(directory: str, name: str) -> str:
 
 
 def _run_mediated(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
-    """``algorithm.name = "gandalf" | "mediator"``: ``gandalf.run_gandalf`` and its run directory."""
-    from fedjax_het.gandalf import pipeline as gandalf
+    """``algorithm.name = "gandalf" | "mediator"``: ``gandalf.run_in_dir``."""
+    from fedjax_het.gandalf import run_dir
 
-    if args.resume:
-        return _error(f"{experiment.config['algorithm']['name']} runs cannot be resumed: they "
-                      "keep no checkpoint; start the run again")
     system, kwargs = experiment.system, experiment.run_kwargs()
     try:
         with compilation.applied(kwargs["matmul_precision"], kwargs["compile_cache"]):
-            result = gandalf.run_gandalf(
+            result = run_dir.run_in_dir(
                 experiment.data, experiment.model, experiment.algorithm, experiment.mediated,
+                out_dir=args.out, config=experiment.config, resume=bool(args.resume),
+                checkpoint_every=kwargs["checkpoint_every"],
                 rounds=kwargs["rounds"], work=experiment.work, hyper=experiment.hyper,
                 seed=kwargs["seed"], eval_every=kwargs["eval_every"],
                 profiles=None if system is None else system.profiles,
                 start=0.0 if system is None else float(system.policy.start),
                 targets=(0.5, 0.6, 0.7, 0.8), progress=not args.no_progress,
             )
-        out = gandalf.write_run(result, args.out, experiment.config, overwrite=True)
-    except ValueError as err:
+    except Interrupted as err:
+        return _interrupted(err, f"fedjax-het run --resume {args.out}", args.out)
+    except (ValueError, CheckpointError) as err:
         return _error(err)
     except NotWritten as err:
         return _error(err, 1)
     s = result.summary
     print(f"best test accuracy {s['best_accuracy']:.4f} (final {s['final_accuracy']:.4f}); "
           f"{s['rounds']} rounds, mean round {s['mean_round_s']:.1f} virtual s, failure rate "
-          f"{s['failure_rate']:.3f}, {s['synthetic_rows']} synthetic rows; results in {out}")
+          f"{s['failure_rate']:.3f}, {s['synthetic_rows']} synthetic rows; results in {args.out}")
     return 0
 
 

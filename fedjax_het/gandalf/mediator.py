@@ -79,6 +79,8 @@ re-exports their names.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +97,7 @@ from fedjax_het.gandalf.mediator_round import Mediator, MediatorState
 from fedjax_het.gandalf.slots import GroupPlan, Timing, timing
 from fedjax_het.models import Model
 from fedjax_het.system.profiles import ClientProfiles, uniform_profiles, validate
+from fedjax_het.training import checkpoint, interrupt
 from fedjax_het.training.metrics import evaluate
 from fedjax_het.training.online import payload_bytes
 from fedjax_het.typing import Params
@@ -102,6 +105,7 @@ from fedjax_het.typing import Params
 __all__ = [
     "GroupPlan",
     "Groups",
+    "Continuation",
     "Mediator",
     "MediatorHistory",
     "MediatorState",
@@ -126,6 +130,7 @@ class MediatorHistory:
         groups), participants (clients that trained), examples, train_loss.
       plans: the ``GroupPlan`` of every round, stacked ``[R, ...]`` (numpy).
       evaluations: one dict per evaluation: round (rounds done), clock, loss, accuracy.
+      done: rounds done.
     """
 
     params: Params
@@ -133,6 +138,32 @@ class MediatorHistory:
     round_metrics: dict[str, np.ndarray]
     plans: GroupPlan
     evaluations: list[dict[str, float]]
+    done: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """How a mediator run goes on from a checkpoint and keeps what it computes.
+
+    SIGINT and SIGTERM stop the run after the block of rounds it is computing
+    (``interrupt.deferred``), as ``training.loop.train_loop`` does.
+
+    Attributes:
+      loaded: the checkpoint to continue from (None: from round 0); it holds the
+        ``MediatorState`` ("state/"), the rounds' plans and metrics ("plans/", "metrics/")
+        and the evaluations (manifest), as ``save`` writes them.
+      on_eval: called with each new evaluation (a dict as in ``MediatorHistory``).
+      save: ``(done, arrays, evaluations)``: writes a checkpoint of ``arrays`` (the
+        state's, plans' and metrics' leaves by name) after ``done`` rounds: at the first
+        block end past each multiple of ``checkpoint_every`` (0: never), at the end,
+        and on a signal.
+      checkpoint_every: rounds between checkpoints.
+    """
+
+    loaded: checkpoint.Loaded | None = None
+    on_eval: Callable[[dict[str, float]], Any] = lambda line: None
+    save: Callable[[int, dict[str, np.ndarray], list], Any] | None = None
+    checkpoint_every: int = 0
 
 
 def run_mediator(
@@ -153,6 +184,7 @@ def run_mediator(
     eval_every: int = 1,
     eval_batch_size: int = 256,
     chunk: int | None = None,
+    continuation: Continuation = Continuation(),
 ) -> MediatorHistory:
     """GANDALF's phase-3 training (Algorithm 3) for ``rounds`` rounds, in ``lax.scan`` blocks.
 
@@ -174,6 +206,7 @@ def run_mediator(
       eval_every: rounds per ``lax.scan`` block, each followed by an evaluation.
       eval_batch_size: test rows per evaluation batch.
       chunk: groups per ``vmap`` (None: all).
+      continuation: a checkpoint to continue from, and what to write as the run goes.
     """
     profiles = _checked_profiles(data, groups, profiles, rounds=rounds, eval_every=eval_every)
     num_clients = data.num_clients
@@ -202,6 +235,7 @@ def run_mediator(
         rounds=rounds,
         eval_every=eval_every,
         eval_batch_size=eval_batch_size,
+        continuation=continuation,
     )
 
 
@@ -239,13 +273,61 @@ def _run_blocks(
     rounds: int,
     eval_every: int,
     eval_batch_size: int,
+    continuation: Continuation,
 ) -> MediatorHistory:
-    """``rounds`` rounds from ``state`` in ``lax.scan`` blocks of ``eval_every``, each followed
-    by an evaluation of the global model on ``test``.
+    """``rounds`` rounds from ``state`` (or from ``continuation.loaded``) in ``lax.scan``
+    blocks ending at multiples of ``eval_every``, each followed by an evaluation of the
+    global model on ``test``; on SIGINT or SIGTERM raises ``interrupt.Interrupted`` after
+    the block it is computing (and ``continuation.save``).
 
     ``inputs``: ``(members, mask, profiles, times, hyper, train, key)``, what every round
     takes besides its state and index.
     """
+    algorithm, go = mediator.spec.algorithm, continuation
+    block, evaluate_ = _programs(mediator, eval_batch_size)
+    done, rows, evaluations = 0, [], []
+    if go.loaded is not None:
+        like = jax.eval_shape(block, state, jnp.arange(1, dtype=jnp.int32), *inputs)[1]
+        state, rows, evaluations, done = _restored(go.loaded, state, like)
+    with interrupt.deferred() as pending:
+        saved_at, stopped = done, None
+        while done < rounds:
+            stopped = pending.agreed()
+            if stopped is not None:
+                break
+            size = min(eval_every - done % eval_every, rounds - done)
+            round_ids = jnp.arange(done, done + size, dtype=jnp.int32)
+            state, block_rows = block(state, round_ids, *inputs)
+            rows.append(jax.device_get(block_rows))
+            before, done = done, done + size
+            ev = jax.device_get(evaluate_(state.server_state, test, row_client))
+            evaluations.append({
+                "round": done, "clock": float(state.clock),
+                "loss": float(ev["loss"]), "accuracy": float(ev["accuracy"]),
+            })  # fmt: skip
+            go.on_eval(evaluations[-1])
+            due = go.checkpoint_every and done // go.checkpoint_every > before // go.checkpoint_every
+            if go.save is not None and (due or done == rounds):
+                go.save(done, _arrays(state, rows), evaluations)
+                saved_at = done
+        if go.save is not None and stopped is not None and saved_at != done:
+            go.save(done, _arrays(state, rows), evaluations)
+    plans, metrics = _concat(rows) if rows else (None, {})
+    history = MediatorHistory(
+        params=jax.device_get(algorithm.global_params(state.server_state)),
+        participation=np.asarray(state.participation),
+        round_metrics=metrics,
+        plans=plans,
+        evaluations=evaluations,
+        done=done,
+    )
+    if stopped is not None:
+        raise interrupt.Interrupted(stopped, done, history if done else None, trained=done > 0)
+    return history
+
+
+def _programs(mediator: Mediator, eval_batch_size: int) -> tuple[Callable, Callable]:
+    """The jitted block of rounds and the jitted evaluation of a run."""
     model, algorithm = mediator.spec.model, mediator.spec.algorithm
 
     @jax.jit
@@ -263,22 +345,31 @@ def _run_blocks(
         params = algorithm.global_params(server_state)
         return evaluate(model, params, test, row_client, batch_size=eval_batch_size)
 
-    plans, metrics, evaluations = [], [], []
-    for first in range(0, rounds, eval_every):
-        round_ids = jnp.arange(first, min(first + eval_every, rounds), dtype=jnp.int32)
-        state, (plan, block_metrics) = block(state, round_ids, *inputs)
-        plans.append(jax.device_get(plan))
-        metrics.append(jax.device_get(block_metrics))
-        ev = jax.device_get(evaluate_(state.server_state, test, row_client))
-        evaluations.append({
-            "round": int(round_ids[-1]) + 1, "clock": float(state.clock),
-            "loss": float(ev["loss"]), "accuracy": float(ev["accuracy"]),
-        })  # fmt: skip
-    concat = lambda *parts: np.concatenate(parts)
-    return MediatorHistory(
-        params=jax.device_get(algorithm.global_params(state.server_state)),
-        participation=np.asarray(state.participation),
-        round_metrics=jax.tree.map(concat, *metrics),
-        plans=jax.tree.map(concat, *plans),
-        evaluations=evaluations,
-    )
+    return block, evaluate_
+
+
+def _concat(rows: list) -> Any:
+    """The blocks' ``(plans, metrics)`` joined along the round axis."""
+    return jax.tree.map(lambda *parts: np.concatenate(parts), *rows)
+
+
+def _arrays(state: MediatorState, rows: list) -> dict[str, np.ndarray]:
+    """A checkpoint's arrays: the state's, and the rounds' plans and metrics so far."""
+    plans, metrics = _concat(rows)
+    return {
+        **checkpoint.leaves("state", state),
+        **checkpoint.leaves("plans", plans),
+        **checkpoint.leaves("metrics", metrics),
+    }
+
+
+def _restored(loaded: checkpoint.Loaded, fresh: MediatorState, like: Any) -> tuple:
+    """``(state, rows, evaluations, done)`` from a checkpoint ``_arrays`` wrote; ``fresh``
+    and ``like`` (one round's plans and metrics) give the shapes (CheckpointError naming
+    the first leaf that differs: another model, grouping or population)."""
+    done = loaded.done
+    grown = lambda s: jax.ShapeDtypeStruct((done, *s.shape[1:]), s.dtype)
+    plans = checkpoint.restore(jax.tree.map(grown, like[0]), loaded.group("plans"), "plans")
+    metrics = checkpoint.restore(jax.tree.map(grown, like[1]), loaded.group("metrics"), "metrics")
+    evaluations = list(loaded.manifest["evaluations"])
+    return loaded.tree("state", fresh), [(plans, metrics)], evaluations, done

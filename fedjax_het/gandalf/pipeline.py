@@ -48,7 +48,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,10 +59,10 @@ from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.gandalf import gan as gan_lib
 from fedjax_het.gandalf import rebalance, wgan
 from fedjax_het.gandalf.grouping import Groups, kl_groups
-from fedjax_het.gandalf.mediator import MediatorHistory, run_mediator
+from fedjax_het.gandalf.mediator import Continuation, MediatorHistory, run_mediator
 from fedjax_het.models import Model
 from fedjax_het.system.profiles import ClientProfiles
-from fedjax_het.training import metrics
+from fedjax_het.training import interrupt, metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +253,7 @@ def run_gandalf(
     targets: Sequence[float] = (),
     augmented: rebalance.Augmented | None = None,
     progress: bool = True,
+    continuation: Continuation = Continuation(),
 ) -> GandalfResult:
     """GANDALF (``options.gan``) or mediator-only training for ``rounds`` rounds.
 
@@ -271,11 +271,20 @@ def run_gandalf(
       augmented: phases 1-2 already run by :func:`gandalf_data` on ``data`` with these
         options and ``seed`` (reused across runs that differ only in timing); only with ``gan``.
       progress: print one line per phase.
+      continuation: a checkpoint to continue from and what to write as the run goes
+        (``run_dir.run_in_dir``). Phases 1-2 are computed again on a resume (the same
+        rows: every key comes from ``seed``).
+
+    Raises:
+      Interrupted: SIGINT or SIGTERM: during phases 1-2 at once (nothing trained), during
+        training after the block of rounds it is computing (``continuation.save`` wrote
+        a checkpoint).
     """
     _check_run(data, options, targets=targets, augmented=augmented)
     say = print if progress else (lambda *_: None)
     began = time.perf_counter()
-    data, origin = _training_data(data, options, augmented, seed=seed, say=say, began=began)
+    with interrupt.raised():
+        data, origin = _training_data(data, options, augmented, seed=seed, say=say, began=began)
     gan_seconds = time.perf_counter() - began
     groups = kl_groups(
         rebalance.class_counts(data.train, data.num_classes),
@@ -283,32 +292,13 @@ def run_gandalf(
         num_groups=options.num_mediators,
     )
     history = run_mediator(
-        data,
-        model,
-        algorithm,
-        groups,
-        rounds=rounds,
-        work=work,
-        max_wait=options.max_wait,
+        data, model, algorithm, groups, rounds=rounds, work=work, max_wait=options.max_wait,
         heartbeat=options.heartbeat if options.fault_tolerance else None,
-        passes=options.passes,
-        profiles=profiles,
-        hyper=hyper,
-        seed=seed,
-        start=start,
-        eval_every=eval_every,
-        chunk=options.chunk,
-    )
+        passes=options.passes, profiles=profiles, hyper=hyper, seed=seed, start=start,
+        eval_every=eval_every, chunk=options.chunk, continuation=continuation,
+    )  # fmt: skip
     train_seconds = time.perf_counter() - began - gan_seconds
-    evaluations = [
-        {
-            "round": ev["round"],
-            "virtual_s": ev["clock"] - start,
-            "test_loss": ev["loss"],
-            "test_accuracy": ev["accuracy"],
-        }
-        for ev in history.evaluations
-    ]
+    evaluations = [evaluation_line(ev, start) for ev in history.evaluations]
     reached = {float(t): time_to_accuracy(evaluations, t) for t in targets}
     metrics = history.round_metrics
     summary = _summary(
@@ -389,6 +379,16 @@ def _summary(
     }
 
 
+def evaluation_line(evaluation: dict[str, float], start: float) -> dict[str, float]:
+    """A mediator evaluation as a run's metrics line (virtual seconds since ``start``)."""
+    return {
+        "round": evaluation["round"],
+        "virtual_s": evaluation["clock"] - start,
+        "test_loss": evaluation["loss"],
+        "test_accuracy": evaluation["accuracy"],
+    }
+
+
 def time_to_accuracy(
     evaluations: Sequence[dict[str, float]], target: float
 ) -> dict[str, float | None]:
@@ -403,30 +403,7 @@ MEDIATED = {"gandalf": True, "mediator": False}
 whether each trains the GANs first."""
 
 
-def write_run(
-    result: GandalfResult, out_dir, config: dict[str, Any] | None, *, overwrite: bool = False
-) -> Path:
-    """A run directory for ``result``: ``config.toml``, ``metrics.jsonl`` (one line per
-    evaluation), ``summary.json`` and ``curves.png`` (accuracy against virtual hours)."""
-    from fedjax_het import results
-
-    writer = results.RunWriter(out_dir, config, overwrite=overwrite)
-    for line in result.evaluations:
-        writer.append(line)
-    summary = {
-        **result.summary,
-        "to_accuracy": {f"{t:g}": hit for t, hit in result.targets.items()},
-        "groups": result.groups.members.tolist(),
-    }
-    text = results.strict_json(summary, indent=2) + "\n"
-    writer.write("summary.json", lambda path: path.write_text(text))
-    writer.write("curves.png", lambda path: _plot(result.evaluations, path))
-    if writer.missing:
-        raise results.NotWritten(writer.out_dir, [f"{k} ({v})" for k, v in writer.missing.items()])
-    return writer.out_dir
-
-
-def _plot(evaluations: Sequence[dict[str, float]], path) -> None:
+def plot(evaluations: Sequence[dict[str, float]], path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -109,3 +109,25 @@ def deferred() -> Iterator[Pending]:
         _active.clear()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def raised() -> Iterator[None]:
+    """For work that keeps nothing when cut short (GANDALF's GAN phases): SIGINT and
+    SIGTERM raise :class:`Interrupted` (nothing trained) at once for the duration,
+    instead of a ``KeyboardInterrupt`` traceback or a death by SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Interrupted(signum, trained=False)
+
+    previous = {
+        s: signal.signal(s, stop) for s in SIGNALS if signal.getsignal(s) != signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
