@@ -13,13 +13,14 @@ types and never imports ``fedjax_het.sampling``, which imports the engine.
   pacer, HDFL's underestimation index), the clients' :class:`ClientReport` of
   their profiles, and measurements it asks the engine for: a profile of the
   global model's predictions over every client's training data every
-  ``profile_every`` rounds, and squared per-example training losses.
+  ``profile_every`` rounds, squared per-example training losses, and how each
+  client's update aligns with the round's global update (FreezeFL's selection).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,12 @@ class ClientRecord:
       examples: examples it processed in its last round with work (0: never).
       last_selected: the last round it was selected in (-1: never).
       last_aggregated: the last round its update counted (-1: never).
+      work_kept: the share of the full model's work it kept in the last round its update
+        counted (NaN: never): ``ClientStats.work_kept``, 1 when it trained everything
+        (FreezeFL: its unfrozen layers over all layers; a sub-model: its width).
+      alignment: how its update of the last round its update counted aligned with that
+        round's global update, ``layer_alignment`` (NaN: never, or not measured: the engine
+        measures it only for a ``LearnedSelection`` with ``update_alignment``).
     """
 
     loss: jax.Array
@@ -73,6 +80,8 @@ class ClientRecord:
     examples: jax.Array
     last_selected: jax.Array
     last_aggregated: jax.Array
+    work_kept: jax.Array
+    alignment: jax.Array
 
     @classmethod
     def empty(cls, num_clients: int) -> ClientRecord:
@@ -80,7 +89,8 @@ class ClientRecord:
         never = jnp.full((num_clients,), -1, jnp.int32)
         return cls(
             loss=nan, seconds=nan, selected=zero, aggregated=zero, lost=zero, loss_sq=nan,
-            examples=zero, last_selected=never, last_aggregated=never,
+            examples=zero, last_selected=never, last_aggregated=never, work_kept=nan,
+            alignment=nan,
         )
 
 
@@ -98,6 +108,19 @@ class ClientReport:
     seconds: jax.Array
     dropout: jax.Array
     examples: jax.Array
+
+
+def layer_alignment(update: PyTree, reference: PyTree) -> jax.Array:
+    """``sum_l <update^l, reference^l> / dim(w^l)`` over the layers ``l``: the top-level entries
+    of the params (the modules FreezeFL freezes, ``algorithms.freezefl``), or one layer when
+    the params are not a mapping (FreezeFL's Eq. 6 over the layers a client trained)."""
+    layers = lambda tree: list(tree.values()) if isinstance(tree, Mapping) else [tree]
+    total = jnp.float32(0)
+    for a, b in zip(layers(update), layers(reference)):
+        leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+        dot = sum(jnp.vdot(x, y) for x, y in zip(leaves_a, leaves_b))
+        total = total + dot / max(1, sum(x.size for x in leaves_a))
+    return total
 
 
 # ``(key, round_idx, ready bool [N], record) -> (ids int32 [S], valid bool [S])``: ``key`` is the
@@ -122,6 +145,11 @@ class LearnedSelection:
       profile_every: rounds between profiles (0: none; required with ``profile``).
       loss_squares: measure ``ClientRecord.loss_sq`` (one forward pass of the global
         model over the examples each selected client trained).
+      update_alignment: measure ``ClientRecord.alignment`` after each round: per selected
+        client, ``layer_alignment(-steps_k m_k * grad F_k(w_r), w_{r+1} - w_r)``, the gradient
+        of its mean loss at the round's global model ``w_r`` over each of its examples once
+        (one forward and backward pass), masked to what it trained (``m_k``), times its
+        local steps: the first-order estimate of its update against the global update.
       name: a short name for logs.
     """
 
@@ -130,6 +158,7 @@ class LearnedSelection:
     profile: Callable[[PyTree, jax.Array, jax.Array], PyTree] | None = None
     profile_every: int = 0
     loss_squares: bool = False
+    update_alignment: bool = False
     name: str = "selection"
 
     def __post_init__(self):

@@ -13,7 +13,8 @@ right while timing does not depend on model values. Two things break that:
   global model's arg-max class counts and the label counts over every client's
   training rows, under ``lax.cond``, before selecting) and squared per-example
   losses (``ClientRecord.loss_sq``: the round's global model on the examples
-  each client trains, one forward pass beside training);
+  each client trains, one forward pass beside training) and update alignments
+  (``ClientRecord.alignment``: after training, one gradient pass per client);
 * **per-client freezing** (``FederatedAlgorithm.freezing``, FreezeFL): a
   client's upload, hence its finish time, depends on the layers it chose to
   freeze after a probe of local training.
@@ -47,9 +48,16 @@ import numpy as np
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext
+from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext, mean_loss
 from fedjax_het.engine.cohort import run_cohort
-from fedjax_het.engine.local import ClientTask, DeviceSplit, LocalSpec, client_batches, local_update
+from fedjax_het.engine.local import (
+    ClientTask,
+    DeviceSplit,
+    LocalSpec,
+    client_batches,
+    client_examples,
+    local_update,
+)
 from fedjax_het.engine.round import Round, RunState, server_stream
 from fedjax_het.models import Model
 from fedjax_het.system.policy import RoundPolicy, num_selected
@@ -60,6 +68,7 @@ from fedjax_het.system.sampler import (
     LearnedSelect,
     LearnedSelection,
     as_selection,
+    layer_alignment,
 )
 from fedjax_het.system.schedule import (
     EMPTY,
@@ -250,16 +259,25 @@ class OnlineRound:
             tasks = tasks.replace(
                 train_mask=jax.tree.map(lambda mask: mask[depth], masks), mask_from=probe[ids]
             )
+        params = round_.algorithm.global_params(state.run.server_state)  # this round's, before
         loss_sq = None
-        if selection.loss_squares:  # the global model of this round, before training
-            params = round_.algorithm.global_params(state.run.server_state)
+        if selection.loss_squares:
             loss_sq = self._loss_squares(params, tasks, inputs.train)
         run_state, stats, metrics = round_.train_cohort(
             state.run, ids, tasks, inputs.hyper, inputs.train, server_stream(inputs.key, round_idx)
         )
+        if freezing is not None and stats.work_kept is None:  # FreezeFL's L - n_k, over L
+            stats = stats.replace(work_kept=1.0 - depth / jax.tree.leaves(masks)[0].shape[0])
+        alignment = None
+        if selection.update_alignment:
+            moved = jax.tree.map(
+                jnp.subtract, round_.algorithm.global_params(run_state.server_state), params
+            )
+            alignment = self._alignments(params, moved, tasks, inputs.train, stats)
+        record = _recorded(state.record, row, stats, policy.overhead, loss_sq, alignment)
         state = OnlineState(
-            run_state, clock, self._soft_deadline(state.soft_deadline, row),
-            _recorded(state.record, row, stats, policy.overhead, loss_sq), selection_state,
+            run_state, clock, self._soft_deadline(state.soft_deadline, row), record,
+            selection_state,
         )
         return state, (metrics, row)
 
@@ -320,6 +338,32 @@ class OnlineRound:
             batch_size=max(1, self.profile_batch_size // batch),
         )
         return jnp.sum(sums.reshape(slots, steps), axis=1)
+
+    def _alignments(
+        self, params: Params, moved: Params, tasks: ClientTask, train: DeviceSplit, stats
+    ) -> jax.Array:
+        """``[S]`` ``layer_alignment(-steps_k m_k * grad F_k(params), moved)`` of every slot.
+
+        ``grad F_k`` is the gradient of the mean loss of ``params`` (evaluation mode) over
+        each of the client's examples once (``local.client_examples``), ``m_k`` its train
+        mask (``ClientStats.trained``: the layers or units it trained), ``steps_k`` its
+        local steps (``ClientStats.steps``) and ``moved``
+        the round's change of the global model: the first-order estimate of the client's
+        update (at a learning rate of 1) against the global update. Slots run ``chunk`` at
+        a time under ``lax.map``.
+        """
+        spec, model = self.round.spec, self.round.model
+
+        def one(slot):
+            task, mask, slot_steps = slot
+            examples = client_examples(spec, task, train)
+            grad = jax.grad(lambda p: mean_loss(model, p, examples))(params)
+            if mask is not None:
+                grad = jax.tree.map(lambda g, m: g * m, grad, mask)
+            return -slot_steps.astype(jnp.float32) * layer_alignment(grad, moved)
+
+        plain = ClientTask(tasks.client_id, tasks.weight, tasks.step_limit, tasks.key)
+        return jax.lax.map(one, (plain, stats.trained, stats.steps), batch_size=self.round.chunk)
 
     def _depths(self, state, broadcast, ids, probe, seconds, round_idx, inputs: RoundInputs):
         """Each slot's freeze depth, chosen after its first ``probe`` steps (weight 0, no sums).
@@ -399,9 +443,11 @@ def class_counts(
 
 
 def _recorded(
-    record: ClientRecord, row: Schedule, stats, overhead, loss_sq: jax.Array | None
+    record: ClientRecord, row: Schedule, stats, overhead, loss_sq: jax.Array | None,
+    alignment: jax.Array | None = None,
 ) -> ClientRecord:
-    """``record`` after a round: losses of clients that computed, times of those that finished."""
+    """``record`` after a round: losses of clients that computed, times of those that finished,
+    the work kept and the update alignment of those whose update counted."""
     ids, valid, round_idx = row.selected, row.valid, row.version
     started = valid & (row.outcome != UNAVAILABLE) & (row.outcome != EMPTY)
     ok = valid & (row.outcome == OK)
@@ -421,6 +467,10 @@ def _recorded(
             record.loss_sq, loss_sq / examples, computed
         ),
         examples=put(record.examples, stats.examples.astype(jnp.int32), computed),
+        work_kept=put(
+            record.work_kept, 1.0 if stats.work_kept is None else stats.work_kept, ok
+        ),
+        alignment=record.alignment if alignment is None else put(record.alignment, alignment, ok),
         last_selected=put(record.last_selected, round_idx, valid),
         last_aggregated=put(record.last_aggregated, round_idx, ok),
     )
