@@ -2,6 +2,7 @@
 
 from fedjax_het.sampling.dpcsm import StateSample, dpcsm, ready_fraction_score
 from fedjax_het.sampling.dpgmm import DeviceSample, dpgmm
+from fedjax_het.sampling.freezefl_selection import freezefl_selection
 from fedjax_het.sampling.hdfl import hdfl, ls_fl
 from fedjax_het.sampling.oort import oort
 from fedjax_het.sampling.power_of_choice import power_of_choice
@@ -17,6 +18,7 @@ from fedjax_het.sampling.presets import (
     sample_devices,
     sample_states,
 )
+from fedjax_het.sampling.rbcs_f import rbcs_f
 from fedjax_het.sampling.uniform import uniform
 
 __all__ = [
@@ -31,11 +33,13 @@ __all__ = [
     "StateSample",
     "dpcsm",
     "dpgmm",
+    "freezefl_selection",
     "hdfl",
     "interplay_grid",
     "ls_fl",
     "oort",
     "power_of_choice",
+    "rbcs_f",
     "ready_fraction_score",
     "sample_devices",
     "sample_states",
