@@ -468,7 +468,7 @@ def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace
 
     config = experiment.config
     key = rng.seed_key(config["seed"])
-    plans = simulate.plan_run(
+    plans = lambda: simulate.plan_run(
         experiment.system, experiment.data, simulate.local_spec(
             experiment.model, experiment.algorithm, experiment.data, experiment.work
         ), experiment.sampler,

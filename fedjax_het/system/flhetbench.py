@@ -63,9 +63,9 @@ parameters) written so that, with speeds converted as kbit/s x 125 B/s
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +74,14 @@ import numpy as np
 from fedjax_het.system import policy as policies
 from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.profiles import ClientProfiles
-from fedjax_het.system.schedule import OK, Schedule, plan_round, schedule, select_among_ready
+from fedjax_het.system.schedule import (
+    OK,
+    SCHEDULE_COMPILE,
+    Schedule,
+    plan_round,
+    schedule,
+    select_among_ready,
+)
 from fedjax_het.typing import PRNGKey
 
 PAYLOAD_BYTES = 335_157 * 1000.0  # the release's ViT-B/16 payload, see the module docstring
@@ -151,8 +158,7 @@ def t_metric(seconds: jax.Array, mc: MonteCarlo) -> jax.Array:
     return seconds / (mc.trips * mc.overhead / mc.cohort_size)
 
 
-@functools.partial(jax.jit, static_argnames=("cohort_size", "rounds"))
-def _deadline_schedule(profiles, policy, key, steps_needed, payload, *, cohort_size, rounds):
+def _deadline_rounds(profiles, policy, key, steps_needed, payload, cohort_size, rounds) -> Schedule:
     return schedule(
         profiles,
         policy,
@@ -164,6 +170,9 @@ def _deadline_schedule(profiles, policy, key, steps_needed, payload, *, cohort_s
         payload_up=payload,
         key=key,
     )
+
+
+_deadline_schedule = jax.jit(_deadline_rounds, static_argnames=("cohort_size", "rounds"))
 
 
 def deadline_run(
@@ -179,20 +188,13 @@ def deadline_run(
     """
     mc = mc or MonteCarlo()
     return _deadline_schedule(
-        profiles,
-        mc.deadline_policy(),
-        key,
-        steps_needed,
-        mc.payload,
-        cohort_size=mc.cohort_size,
-        rounds=mc.rounds,
+        profiles, mc.deadline_policy(), key, steps_needed, mc.payload, mc.cohort_size, mc.rounds
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cohort_size", "trips", "max_rounds"))
-def _readiness_seconds(
-    profiles, policy, key, steps_needed, payload, *, cohort_size, trips, max_rounds
-):
+def _readiness_rounds(
+    profiles, policy, key, steps_needed, payload, cohort_size, trips, max_rounds
+) -> jax.Array:
     select = select_among_ready(profiles.num_clients, cohort_size)
 
     def unfinished(carry):
@@ -220,6 +222,10 @@ def _readiness_seconds(
     return jnp.where(done >= trips, clock - clock0, jnp.inf)
 
 
+_READINESS_STATIC = ("cohort_size", "trips", "max_rounds")
+_readiness_seconds = jax.jit(_readiness_rounds, static_argnames=_READINESS_STATIC)
+
+
 def readiness_time(
     profiles: ClientProfiles,
     *,
@@ -235,128 +241,198 @@ def readiness_time(
     """
     mc = mc or MonteCarlo()
     return _readiness_seconds(
-        profiles,
-        mc.readiness_policy(),
-        key,
-        steps_needed,
-        mc.payload,
-        cohort_size=mc.cohort_size,
-        trips=mc.trips,
-        max_rounds=mc.max_rounds or 50 * -(-mc.trips // mc.cohort_size),
+        profiles, mc.readiness_policy(), key, steps_needed, mc.payload, *_t_sizes(mc)
     )
 
 
-def _mc_profiles(profiles: ClientProfiles, *, traces: bool, cost=None) -> ClientProfiles:
-    """The profiles the metrics simulate: no dropout, traces kept or not, optional fixed cost.
+def _t_sizes(mc: MonteCarlo) -> tuple[int, int, int]:
+    return mc.cohort_size, mc.trips, mc.max_rounds or 50 * -(-mc.trips // mc.cohort_size)
 
-    A fixed cost ``tau`` (StatMC) is carried as one local step of ``tau`` s and
-    no payload, so every metric runs the same compiled program on other numbers.
-    """
+
+def _rows(
+    profiles: ClientProfiles,
+    payload: jax.Array,
+    steps_needed: jax.Array,
+    costs: jax.Array | None,
+    device: bool,
+    inter: bool,
+) -> tuple[jax.Array, ...]:
+    """The variants of ``profiles`` one batched run simulates, one row each: ``(step_time
+    [V, N], trace [V, N], steps_needed [V, N], payload [V])``. In order: with ``device`` the
+    speeds with every client always available (Dev*); with ``inter`` the speeds and the
+    traces (Inter*); for each of ``costs`` the traces with every client costing that many
+    seconds, carried as one local step of that time and no payload (Stat*). Built inside
+    the jitted run (no eager operation compiles on its own)."""
     n = profiles.num_clients
-    if not traces:
-        profiles = profiles.replace(trace=jnp.full((n,), ALWAYS, jnp.int32))
-    if cost is not None:
-        profiles = profiles.replace(step_time=jnp.broadcast_to(jnp.asarray(cost, float), (n,)))
-    return profiles.replace(dropout=jnp.zeros((n,), profiles.dropout.dtype))
+    speeds = jnp.broadcast_to(jnp.asarray(steps_needed, jnp.int32), (n,))
+    step, trace, steps, size = [], [], [], []
+    for kept, traces in ((device, jnp.full((n,), ALWAYS, jnp.int32)), (inter, profiles.trace)):
+        if kept:
+            step, trace = [*step, profiles.step_time[None]], [*trace, traces[None]]
+            steps, size = [*steps, speeds[None]], [*size, jnp.asarray(payload, float)[None]]
+    if costs is not None:
+        c = costs.shape[0]
+        step.append(jnp.broadcast_to(costs.astype(profiles.step_time.dtype)[:, None], (c, n)))
+        trace.append(jnp.broadcast_to(profiles.trace, (c, n)))
+        steps.append(jnp.ones((c, n), jnp.int32))
+        size.append(jnp.zeros((c,), float))
+    return tuple(jnp.concatenate(parts) for parts in (step, trace, steps, size))
 
 
-def _r(profiles: ClientProfiles, key: PRNGKey, mc, steps_needed=0) -> jax.Array:
+_ROWS = ("device", "inter")
+
+
+def _r_rows(profiles, policy, key, payload, steps_needed, costs, cap, *, cohort_size, rounds,
+            device, inter) -> jax.Array:  # fmt: skip
+    """The R-metric of each row of ``_rows`` (one ``vmap`` of the deadline run), ``[V]``."""
+    n, base = profiles.num_clients, profiles.replace(dropout=jnp.zeros_like(profiles.dropout))
+
+    def one(step_time, trace, steps, payload):
+        variant = base.replace(step_time=step_time, trace=trace)
+        s = _deadline_rounds(variant, policy, key, steps, payload, cohort_size, rounds)
+        return r_metric(participation_counts(s, n), cap)
+
+    return jax.vmap(one)(*_rows(profiles, payload, steps_needed, costs, device, inter))
+
+
+def _t_rows(profiles, policy, key, payload, steps_needed, costs, *, cohort_size, trips,
+            max_rounds, device, inter) -> jax.Array:  # fmt: skip
+    """Seconds of the T-metric run of each row of ``_rows`` (one ``vmap``), ``[V]``."""
+    base = profiles.replace(dropout=jnp.zeros_like(profiles.dropout))
+
+    def one(step_time, trace, steps, payload):
+        variant = base.replace(step_time=step_time, trace=trace)
+        return _readiness_rounds(
+            variant, policy, key, steps, payload, cohort_size, trips, max_rounds
+        )
+
+    return jax.vmap(one)(*_rows(profiles, payload, steps_needed, costs, device, inter))
+
+
+_R_STATIC, _T_STATIC = ("cohort_size", "rounds", *_ROWS), (*_READINESS_STATIC, *_ROWS)
+# Jitted so that they nest in a caller's jit; ``all_metrics``, a top-level call by nature,
+# compiles them with ``SCHEDULE_COMPILE`` (options a nested jit may not have).
+_JITTED = {
+    top: (
+        jax.jit(_r_rows, static_argnames=_R_STATIC, **options),
+        jax.jit(_t_rows, static_argnames=_T_STATIC, **options),
+    )
+    for top, options in ((False, {}), (True, {"compiler_options": SCHEDULE_COMPILE}))
+}
+
+
+def r_values(
+    profiles: ClientProfiles,
+    *,
+    key: PRNGKey,
+    mc: MonteCarlo | None = None,
+    device: bool = False,
+    inter: bool = False,
+    costs: jax.Array | None = None,
+    steps_needed: int | jax.Array = 0,
+    top_level: bool = False,
+) -> jax.Array:
+    """The R-metric (Eq. 1) of each variant ``_rows`` makes of ``profiles``, ``[V]``
+    (``top_level``: not inside a caller's ``jit``, compiled with ``SCHEDULE_COMPILE``)."""
     mc = mc or MonteCarlo()
-    s = deadline_run(profiles, key=key, mc=mc, steps_needed=steps_needed)
-    n = profiles.num_clients
-    cap = mc.rounds * mc.cohort_size / n if mc.cap is None else mc.cap
-    return r_metric(participation_counts(s, n), cap)
+    cap = mc.rounds * mc.cohort_size / profiles.num_clients if mc.cap is None else mc.cap
+    return _JITTED[top_level][0](
+        profiles, mc.deadline_policy(), key, mc.payload, steps_needed, costs, cap,
+        cohort_size=mc.cohort_size, rounds=mc.rounds, device=device, inter=inter,
+    )  # fmt: skip
 
 
-def _t(profiles: ClientProfiles, key: PRNGKey, mc, steps_needed=0) -> jax.Array:
+def t_values(
+    profiles: ClientProfiles,
+    *,
+    key: PRNGKey,
+    mc: MonteCarlo | None = None,
+    device: bool = False,
+    inter: bool = False,
+    costs: jax.Array | None = None,
+    steps_needed: int | jax.Array = 0,
+    top_level: bool = False,
+) -> jax.Array:
+    """The T-metric of each variant ``_rows`` makes of ``profiles``, ``[V]`` (``top_level``:
+    as ``r_values``)."""
     mc = mc or MonteCarlo()
-    return t_metric(readiness_time(profiles, key=key, mc=mc, steps_needed=steps_needed), mc)
-
-
-def _mean_over_costs(metric, profiles, key, mc, costs) -> jax.Array:
-    """Mean of ``metric`` with every client at a fixed cost, over ``costs`` (one program:
-    the runs at each cost are one ``vmap``, not a copy of the run per cost)."""
-    mc = dataclasses.replace(mc or MonteCarlo(), payload=0.0)
-    values = jax.vmap(
-        lambda cost: metric(_mc_profiles(profiles, traces=True, cost=cost), key, mc, steps_needed=1)
-    )(jnp.asarray(costs))
-    return jnp.mean(values)
+    cohort_size, trips, max_rounds = _t_sizes(mc)
+    seconds = _JITTED[top_level][1](
+        profiles, mc.readiness_policy(), key, mc.payload, steps_needed, costs,
+        cohort_size=cohort_size, trips=trips, max_rounds=max_rounds, device=device, inter=inter,
+    )  # fmt: skip
+    return t_metric(seconds, mc)
 
 
 def _cost_grid(costs, first: float, last) -> jax.Array:
     if costs is not None:
-        return jnp.asarray(costs, float)
+        return costs if isinstance(costs, jax.Array) else np.asarray(costs, float)
     try:
         last = float(last)
     except jax.errors.ConcretizationTypeError as traced:
         raise ValueError("costs must be given when the deadline is traced") from traced
-    return jnp.asarray(np.arange(first, last + COST_STEP_S / 2, COST_STEP_S), float)
+    return np.arange(first, last + COST_STEP_S / 2, COST_STEP_S)
 
 
-def _dev_or_inter(name: str, run: Callable, *, traces: bool, doc: str) -> Callable[..., jax.Array]:
-    """The Dev* (``traces=False``) or Inter* (``traces=True``) metric ``name`` computed by ``run``.
-
-    ``run`` is ``_r`` or ``_t``; the metric runs it on the profiles without
-    dropout, their traces replaced by ``ALWAYS`` (Dev*) or kept (Inter*).
-    """
-
-    def metric(
-        profiles: ClientProfiles,
-        *,
-        key: PRNGKey,
-        mc: MonteCarlo | None = None,
-        steps_needed: int | jax.Array = 0,
-    ) -> jax.Array:
-        return run(_mc_profiles(profiles, traces=traces), key, mc, steps_needed)
-
-    metric.__name__ = metric.__qualname__ = name
-    metric.__doc__ = doc
-    return metric
+def stat_r_costs(mc: MonteCarlo | None = None, costs: jax.Array | None = None) -> jax.Array:
+    """StatMC-R's grid: ``costs``, else {10, 20, ..., deadline} (the release's)."""
+    return _cost_grid(costs, STAT_R_MIN_COST_S, (mc or MonteCarlo()).deadline)
 
 
-dev_mc_r = _dev_or_inter(
-    "dev_mc_r", _r, traces=False,
-    doc="DevMC-R: the R-metric (Eq. 1) of the device speeds, everyone always available.",
-)
-inter_mc_r = _dev_or_inter(
-    "inter_mc_r", _r, traces=True,
-    doc="InterMC-R: the R-metric (Eq. 1) of device speeds and availability traces together.",
-)
-dev_mc_t = _dev_or_inter(
-    "dev_mc_t", _t, traces=False,
-    doc="DevMC-T: the T-metric of the device speeds, everyone always available.",
-)
-inter_mc_t = _dev_or_inter(
-    "inter_mc_t", _t, traces=True,
-    doc="InterMC-T: the T-metric of device speeds and availability traces together.",
-)
+def stat_t_costs(costs: jax.Array | None = None) -> jax.Array:
+    """StatMC-T's grid: ``costs``, else {0, 10, ..., 240} (the release's, not in the paper)."""
+    return _cost_grid(costs, 0.0, STAT_T_MAX_COST_S)
 
 
-def stat_mc_r(
-    profiles: ClientProfiles,
-    *,
-    key: PRNGKey,
-    mc: MonteCarlo | None = None,
-    costs: jax.Array | None = None,
-) -> jax.Array:
+def dev_mc_r(profiles, *, key, mc=None, steps_needed=0) -> jax.Array:
+    """DevMC-R: the R-metric (Eq. 1) of the device speeds, everyone always available."""
+    return r_values(profiles, key=key, mc=mc, device=True, steps_needed=steps_needed)[0]
+
+
+def inter_mc_r(profiles, *, key, mc=None, steps_needed=0) -> jax.Array:
+    """InterMC-R: the R-metric (Eq. 1) of device speeds and availability traces together."""
+    return r_values(profiles, key=key, mc=mc, inter=True, steps_needed=steps_needed)[0]
+
+
+def dev_mc_t(profiles, *, key, mc=None, steps_needed=0) -> jax.Array:
+    """DevMC-T: the T-metric of the device speeds, everyone always available."""
+    return t_values(profiles, key=key, mc=mc, device=True, steps_needed=steps_needed)[0]
+
+
+def inter_mc_t(profiles, *, key, mc=None, steps_needed=0) -> jax.Array:
+    """InterMC-T: the T-metric of device speeds and availability traces together."""
+    return t_values(profiles, key=key, mc=mc, inter=True, steps_needed=steps_needed)[0]
+
+
+def stat_mc_r(profiles, *, key, mc=None, costs=None) -> jax.Array:
     """StatMC-R: the R-metric of the traces alone, averaged over fixed client costs (Eq. 2).
 
     Every client costs ``tau`` ready seconds a round, for each ``tau`` in
-    ``costs`` (default {10, 20, ..., deadline}, the release's grid).
+    ``costs`` (default ``stat_r_costs``), all in one ``vmap``.
     """
-    grid = _cost_grid(costs, STAT_R_MIN_COST_S, (mc or MonteCarlo()).deadline)
-    return _mean_over_costs(_r, profiles, key, mc, grid)
+    return jnp.mean(r_values(profiles, key=key, mc=mc, costs=stat_r_costs(mc, costs)))
 
 
-def stat_mc_t(
-    profiles: ClientProfiles,
-    *,
-    key: PRNGKey,
-    mc: MonteCarlo | None = None,
-    costs: jax.Array | None = None,
-) -> jax.Array:
-    """StatMC-T: the T-metric of the traces alone, averaged over fixed client costs.
+def stat_mc_t(profiles, *, key, mc=None, costs=None) -> jax.Array:
+    """StatMC-T: the T-metric of the traces alone, averaged over fixed client costs
+    (default ``stat_t_costs``), all in one ``vmap``."""
+    return jnp.mean(t_values(profiles, key=key, mc=mc, costs=stat_t_costs(costs)))
 
-    ``costs`` defaults to {0, 10, ..., 240} s, the release's grid (not in the paper).
-    """
-    return _mean_over_costs(_t, profiles, key, mc, _cost_grid(costs, 0.0, STAT_T_MAX_COST_S))
+
+def all_metrics(
+    profiles: ClientProfiles, *, key: PRNGKey, mc: MonteCarlo | None = None, states: bool = True
+) -> dict[str, jax.Array]:
+    """The six metrics (without ``states``: DevMC and InterMC only) in two programs: one
+    ``vmap`` of the R run over Dev, Inter and StatMC-R's costs, one of the T run likewise,
+    compiled and run side by side (a thread each: XLA compiles without the GIL)."""
+    r_costs = stat_r_costs(mc) if states else None
+    t_costs = stat_t_costs() if states else None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        rows = {"key": key, "mc": mc, "device": True, "inter": True, "top_level": True}
+        r = pool.submit(r_values, profiles, costs=r_costs, **rows)
+        t = jax.block_until_ready(t_values(profiles, costs=t_costs, **rows))
+        r = jax.block_until_ready(r.result())
+    out = {"DevMC-R": r[0], "InterMC-R": r[1], "DevMC-T": t[0], "InterMC-T": t[1]}
+    if states:
+        out |= {"StatMC-R": jnp.mean(r[2:]), "StatMC-T": jnp.mean(t[2:])}
+    return out

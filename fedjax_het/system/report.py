@@ -9,6 +9,8 @@ outcome), the availability heatmap and the participation histogram.
 
 from __future__ import annotations
 
+import concurrent.futures
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +23,18 @@ from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.schedule import OUTCOMES, Schedule
 
-METRICS = {
-    "DevMC-R": flhetbench.dev_mc_r,
-    "StatMC-R": flhetbench.stat_mc_r,
-    "InterMC-R": flhetbench.inter_mc_r,
-    "DevMC-T": flhetbench.dev_mc_t,
-    "StatMC-T": flhetbench.stat_mc_t,
-    "InterMC-T": flhetbench.inter_mc_t,
-}
+ORDER = ("DevMC-R", "StatMC-R", "InterMC-R", "DevMC-T", "StatMC-T", "InterMC-T")
 
 
 def heterogeneity_metrics(
     profiles: ClientProfiles, *, key: jax.Array, mc: flhetbench.MonteCarlo
 ) -> dict[str, float]:
-    """The six FLHetBench metrics of ``profiles``; state metrics need availability traces.
-
-    Called eagerly, not under one ``jit``: each metric's run is a jitted program of its
-    own, so DevMC and InterMC share the R run's and the T run's compiled programs (only
-    their inputs differ), and StatMC compiles its ``vmap`` over costs once.
-    """
+    """The six FLHetBench metrics of ``profiles`` (``flhetbench.all_metrics``: two programs,
+    one ``vmap`` of the R run and one of the T run); the state metrics need availability
+    traces (every client always available: no state heterogeneity to measure)."""
     has_traces = bool(np.any(np.asarray(profiles.trace) != ALWAYS))
-    out = {}
-    for name, metric in METRICS.items():
-        if name.startswith("Stat") and not has_traces:
-            continue  # every client always available: no state heterogeneity to measure
-        out[name] = float(metric(profiles, key=key, mc=mc))
-    return out
+    values = jax.device_get(flhetbench.all_metrics(profiles, key=key, mc=mc, states=has_traces))
+    return {name: float(values[name]) for name in ORDER if name in values}
 
 
 def schedule_summary(s: Schedule, num_clients: int) -> dict[str, Any]:
@@ -71,24 +59,27 @@ def schedule_summary(s: Schedule, num_clients: int) -> dict[str, Any]:
 
 def describe(
     profiles: ClientProfiles,
-    run_schedule: Schedule,
+    run_schedule: Callable[[], Schedule],
     out_dir: str | Path,
     *,
     key: jax.Array,
     mc: flhetbench.MonteCarlo,
 ) -> dict[str, Any]:
-    """Computes the metrics and schedule summary, writes ``system_summary.json`` and the plots."""
+    """Computes the metrics and the schedule summary, writes ``system_summary.json`` and the
+    plots. ``run_schedule()`` plans the run's schedule, compiled and run beside the metrics'
+    programs (a thread each: XLA compiles without the GIL)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {
-        "flhetbench": heterogeneity_metrics(profiles, key=key, mc=mc),
-        "schedule": schedule_summary(run_schedule, profiles.num_clients),
-    }
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        metrics = pool.submit(heterogeneity_metrics, profiles, key=key, mc=mc)
+        schedule = jax.device_get(run_schedule())
+        summary = {"flhetbench": metrics.result()}
+    summary["schedule"] = schedule_summary(schedule, profiles.num_clients)
     counts = np.asarray(summary["schedule"]["participation_counts"])
     summary["schedule"]["participation_gini"] = plots.plot_participation(
         counts, out / "participation.png"
     )
-    plots.plot_timeline(jax.device_get(run_schedule), out / "timeline.png")
+    plots.plot_timeline(schedule, out / "timeline.png")
     plots.plot_availability(
         profiles.availability, np.asarray(profiles.trace)[:200], out / "availability.png"
     )
