@@ -1,0 +1,523 @@
+"""FreezeFL's Table III and Table IV under this project's conditions, scaled to a 2-core CPU.
+
+Chou, Chang and Chou, "FreezeFL: Accelerating Federated Learning in Heterogeneous Edge Devices
+by Layer Freezing" (notes: ../shared/papers/dace-gandalf-freezefl-notes.md, B.2). Table III
+compares FedAvg, layer freezing ("Freezing"), freezing with the paper's client selection
+("w/ CS", Eqs. 5-7) and with its warm restarts ("w/ CS,WR", Eq. 8), RBCS-F and FjORD under
+two stop rules: a fixed number of rounds (best test accuracy, mean round length) and a target
+accuracy (rounds and total time to reach it). Table IV adds FjORD with the paper's selection.
+This script adds HeteroFL and FedRolex rows and the paper's Fig. 4 (participation by
+capability group).
+
+**Methods** (every one a config of this package; ``METHODS``): ``fedavg``; ``freezing``
+(``algorithm.name = "freezefl"``, beta from Table I: 4 FEMNIST, 2.125 Shakespeare);
+``freezing_cs`` (+ ``[selection] name = "freezefl"``, ``warm_restarts = false``);
+``freezing_cs_wr`` (``warm_restarts = true``, ``restart_every`` = Phi); ``rbcs_f``
+(FedAvg with ``[selection] name = "rbcs_f"``, client status known as the paper ran it);
+``fjord``; ``fjord_cs`` (Table IV: FjORD with ``[selection] name = "freezefl"``, no warm
+restarts, as Table III names "w/ CS"); ``heterofl``; ``fedrolex``. The width methods take
+their packages' default widths, each client's level from its step time by quantile
+(``submodels.levels_by_speed``: faster devices wider), passed as ``algorithm.client_levels``.
+
+**Capabilities** (``--capabilities``), identical for every method of a (set-up, seed):
+
+* ``uniform6x``, the paper's: speed ``s_k ~ U[1/6, 1]`` (capability uniform, a gap up to
+  six times), step time ``t_fast / s_k`` and, computation and communication proportional,
+  bandwidth ``s_k * B`` with ``B`` such that moving the full model one way takes as long
+  as ``COMM_STEPS`` local steps. Written as two CSVs (``[system] devices`` and ``network``
+  paths, under ``<out>/profiles/``): ``[system]`` has no built-in uniform spread of speeds.
+* ``flash``: ``system.devices = "flash"`` (AI-Benchmark devices, the median device taking
+  ``t_fast`` a step) and ``system.network = "flash"``, drawn with the run's seed.
+
+Every run: always available, no dropout, ``wait_all`` rounds with no server overhead. The
+paper's "soft deadline" T_r is not a cut-off: it is what FreezeFL's clients compare their
+own time to when choosing how many layers to freeze, and a round lasts as long as its
+slowest selected client (§III). ``algorithms.freezefl`` keeps T_r as an EMA starting at the
+first round's value (the paper's T_0 = 1 / 4 is in its own time unit).
+
+**Scale** (``SCALES``; ``--quick`` for CI, default for this machine, ``--full`` the paper's
+sizes, documented, not run here). Table I's populations (3,550 FEMNIST writers, 660
+Shakespeare roles) and R_max = 80 / 40 do not fit 2 shared cores for 9 methods x 3 seeds x 2
+capabilities x 2 data sets. Scaled down: ``femnist`` is the FEMNIST CNN (2 conv, 2 dense)
+on the shipped Fashion-MNIST subset (Dirichlet 0.5 over N clients, a ``train_share`` of each
+client's rows kept, at least ``min_rows``, at most ``max_rows``), batch 12; ``shakespeare``
+is the 2-layer char LSTM (``hidden`` units, embedding 8) on the plays (N speakers with at
+least 3,000 characters, each client's first windows kept), batch 10. E = 3 local epochs.
+Phi is scaled with the rounds as in the paper (Phi = 0.75 R_max: 60 of 80, 30 of 40), so a
+warm restart happens once, as there. Targets are chosen for what the scaled runs reach
+(``SetupSpec.target``); the report says which.
+
+**Fig. 4**: clients ranked by their expected full-model exchange time (E epochs of steps at
+their step time, plus the model down and up at their mean bandwidths), cut into ``BINS``
+equal groups (group 1 the slowest), and each method's selections per group, summed over
+seeds (the paper uses 40 groups of its 3,550 or 660 clients).
+
+Usage::
+
+    python experiments/freezefl_table3.py                  # scaled run, writes results/freezefl_table3
+    python experiments/freezefl_table3.py --resume         # skip finished runs
+    python experiments/freezefl_table3.py --quick --out /tmp/q   # smoke test size
+    python experiments/freezefl_table3.py --report         # tables and figure from the results
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))  # common, also when loaded by its path
+import common
+import jax
+import numpy as np
+from freezefl_rounds import EPOCHS
+
+from fedjax_het.algorithms import fedrolex, fjord, heterofl
+from fedjax_het import config as config_lib
+from fedjax_het.algorithms.submodels import levels_by_speed
+from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het.training import simulate
+
+OUT = common.RESULTS / "freezefl_table3"
+COMM_STEPS = 1.0  # uniform6x: one-way transfer of the full model = this many local steps
+BINS = 10
+WIDTHS = {  # each algorithm's default width ratios, written into the run's config
+    "fjord": fjord.DEFAULT_WIDTHS,
+    "fjord_cs": fjord.DEFAULT_WIDTHS,
+    "heterofl": heterofl.DEFAULT_WIDTHS,
+    "fedrolex": fedrolex.DEFAULT_WIDTHS,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupSpec:
+    """A data set of Table III at one scale: population, cohort, data kept, model, rounds."""
+
+    name: str
+    paper: str
+    num_clients: int
+    per_round: int
+    rounds: int
+    overrides: tuple[str, ...]
+    beta: float  # Table I
+    target: float  # the target-accuracy stop rule at this scale
+    train_share: float = 1.0  # of each client's training rows kept (then clipped)
+    min_rows: int = 1
+    max_rows: int = 10**9
+    test_rows: int = 10**9  # test rows kept per client
+    step_time: float = 0.5  # seconds a step takes on the fastest (uniform6x) / median (flash)
+
+
+def _femnist(n: int, k: int, rounds: int, share: float, lo: int, hi: int, test: int,
+             target: float) -> SetupSpec:
+    return SetupSpec(
+        "femnist", "FEMNIST", n, k, rounds,
+        ('model.name="femnist_cnn"', "local.batch_size=12"), 4.0, target, share, lo, hi, test,
+    )  # fmt: skip
+
+
+def _shakespeare(n: int, k: int, rounds: int, hidden: int, lo: int, hi: int, test: int,
+                 target: float) -> SetupSpec:
+    return SetupSpec(
+        "shakespeare", "Shakespeare", n, k, rounds,
+        ('data.name="shakespeare"', "data.min_chars=3000", 'model.name="char_lstm"',
+         f"model.hidden={hidden}", "local.batch_size=10"),
+        2.125, target, 1.0, lo, hi, test,
+    )  # fmt: skip
+
+
+SCALES = {
+    "quick": {
+        "femnist": _femnist(8, 2, 2, 0.03, 8, 16, 4, 0.3),
+        "shakespeare": _shakespeare(6, 2, 2, 16, 10, 10, 4, 0.1),
+    },
+    "default": {
+        "femnist": _femnist(30, 4, 16, 0.06, 12, 24, 12, 0.6),
+        "shakespeare": _shakespeare(30, 4, 12, 32, 10, 20, 12, 0.2),
+    },
+    # The paper's Table I (3,550 / 660 clients, R_max 80 / 40) as far as the shipped data go:
+    # every Fashion-MNIST subset row over 3,550 clients is 4 images each, so 330 clients (its
+    # 13,200 rows at FEMNIST's 40 a client); every speaker with 3,000 characters, all rows, the
+    # 2 x 256 LSTM. The paper's per-round cohort is not given; 10 as in LEAF.
+    "full": {
+        "femnist": _femnist(330, 10, 80, 1.0, 1, 10**9, 10**9, 0.75),
+        "shakespeare": _shakespeare(660, 10, 40, 256, 1, 10**9, 10**9, 0.51),
+    },
+}
+CAPABILITIES = ("uniform6x", "flash")
+METHODS = {
+    "fedavg": "FedAvg",
+    "freezing": "Freezing",
+    "freezing_cs": "Freezing w/ CS",
+    "freezing_cs_wr": "Freezing w/ CS,WR",
+    "rbcs_f": "RBCS-F",
+    "fjord": "FjORD",
+    "fjord_cs": "FjORD w/ CS",
+    "heterofl": "HeteroFL",
+    "fedrolex": "FedRolex",
+}
+QUICK_METHODS = ("fedavg", "freezing_cs_wr", "fjord_cs")
+# Tables III and IV: best accuracy (%), round length, rounds to target, total time to target.
+PAPER = {
+    "femnist": {
+        "fedavg": (77.92, 1.52, 46.13, 70.56), "freezing": (79.87, 1.07, 42.18, 44.81),
+        "freezing_cs": (79.49, 1.01, 42.44, 42.96), "freezing_cs_wr": (80.02, 1.03, 43.52, 44.78),
+        "rbcs_f": (77.67, 0.892, 52.75, 47.01), "fjord": (75.79, 0.95, 68.74, 64.83),
+        "fjord_cs": (76.17, 0.93, None, None),
+    },
+    "shakespeare": {
+        "fedavg": (54.16, 4.95, 22.63, 109.22), "freezing": (54.18, 3.47, 20.08, 68.80),
+        "freezing_cs": (53.91, 2.66, 19.53, 51.09), "freezing_cs_wr": (54.15, 2.94, 19.71, 54.48),
+        "rbcs_f": (51.99, 1.94, 35.68, 69.34), "fjord": (51.56, 3.70, 34.41, 127.75),
+        "fjord_cs": (52.02, 3.34, None, None),
+    },
+}  # fmt: skip
+PAPER_TARGET = {"femnist": 0.75, "shakespeare": 0.51}
+
+
+def method_sets(method: str, spec: SetupSpec, levels: Sequence[int] = ()) -> list[str]:
+    """The config overrides of ``method`` (``METHODS``) in ``spec``, its width ``levels``."""
+    phi = max(1, round(0.75 * spec.rounds))
+    cs = ['selection.name="freezefl"', f"selection.restart_every={phi}"]
+    freezing = ['algorithm.name="freezefl"', f"algorithm.beta={spec.beta}",
+                f"algorithm.epochs={EPOCHS}"]  # fmt: skip
+    width = [f"algorithm.widths={list(WIDTHS.get(method, ()))}",
+             f"algorithm.client_levels={list(levels)}"]  # fmt: skip
+    table = {
+        "fedavg": ['algorithm.name="fedavg"'],
+        "freezing": freezing,
+        "freezing_cs": [*freezing, *cs, "selection.warm_restarts=false"],
+        "freezing_cs_wr": [*freezing, *cs, "selection.warm_restarts=true"],
+        "rbcs_f": ['algorithm.name="fedavg"', 'selection.name="rbcs_f"'],
+        "fjord": ['algorithm.name="fjord"', *width],
+        "fjord_cs": ['algorithm.name="fjord"', *width, *cs, "selection.warm_restarts=false"],
+        "heterofl": ['algorithm.name="heterofl"', *width],
+        "fedrolex": ['algorithm.name="fedrolex"', *width],
+    }
+    if method not in table:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    return table[method]
+
+
+def uniform6x_csvs(spec: SetupSpec, seed: int, model_bytes: int, folder: Path) -> list[str]:
+    """Writes the uniform six-fold capabilities of ``seed`` as devices and network CSVs and
+    returns the ``[system]`` overrides that read them."""
+    speed = np.random.default_rng([seed, spec.num_clients, 6]).uniform(1 / 6, 1, spec.num_clients)
+    bandwidth = speed * model_bytes / (COMM_STEPS * spec.step_time)
+    folder.mkdir(parents=True, exist_ok=True)
+    devices = folder / f"{spec.name}_n{spec.num_clients}_seed{seed}_devices.csv"
+    network = folder / f"{spec.name}_n{spec.num_clients}_seed{seed}_network.csv"
+    devices.write_text("client,step_time_s\n" + "".join(
+        f"{k},{float(spec.step_time / s)!r}\n" for k, s in enumerate(speed)))
+    network.write_text("client,down_bytes_per_s,up_bytes_per_s\n" + "".join(
+        f"{k},{float(b)!r},{float(b)!r}\n" for k, b in enumerate(bandwidth)))  # fmt: skip
+    return [f'system.devices="{devices.resolve()}"', f'system.network="{network.resolve()}"']
+
+
+def base_sets(spec: SetupSpec, capability: str, seed: int, folder: Path) -> list[str]:
+    """The data, model, work, cohort, rounds and system overrides of a (set-up, capability,
+    seed), every method alike."""
+    sets = [
+        f"data.num_clients={spec.num_clients}", f"sampler.clients_per_round={spec.per_round}",
+        f"local.epochs={EPOCHS}", f"rounds={spec.rounds}", "eval_every=1", f"seed={seed}",
+        *spec.overrides, 'policy.kind="wait_all"', f"system.seed={seed}",
+        f"system.step_time={spec.step_time}",
+    ]  # fmt: skip
+    if capability == "flash":
+        return [*sets, 'system.devices="flash"', 'system.network="flash"']
+    if capability != "uniform6x":
+        raise ValueError(f"capability must be one of {', '.join(CAPABILITIES)}, got {capability!r}")
+    probe = config_lib.build(config_lib.load(None, [*sets, "rounds=1"]))
+    params = probe.model.init(jax.random.key(0))
+    model_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    return [*sets, *uniform6x_csvs(spec, seed, model_bytes, folder)]
+
+
+def subsample(data: FederatedData, spec: SetupSpec) -> FederatedData:
+    """Each client's first ``train_share`` of its training rows (at least ``min_rows``, at
+    most ``max_rows``, never more than it has) and first ``test_rows`` test rows."""
+    def keep(split: ClientArrays, count: np.ndarray) -> ClientArrays:
+        return ClientArrays.from_clients(
+            [split.client(k)[0][: count[k]] for k in range(split.num_clients)],
+            [split.client(k)[1][: count[k]] for k in range(split.num_clients)],
+        )
+
+    rows = np.clip(np.ceil(spec.train_share * data.train.count), spec.min_rows, spec.max_rows)
+    train = keep(data.train, np.minimum(rows, data.train.count).astype(int))
+    test = None if data.test is None else keep(
+        data.test, np.minimum(spec.test_rows, data.test.count))  # fmt: skip
+    return FederatedData(train, test, data.num_classes, data.name)
+
+
+def experiment(spec: SetupSpec, capability: str, method: str, seed: int,
+               folder: Path) -> config_lib.Experiment:
+    """The built experiment of one run, its data subsampled (``subsample``)."""
+    sets = base_sets(spec, capability, seed, folder)
+    levels: tuple[int, ...] = ()
+    if method in WIDTHS:  # levels from the built profiles' step times
+        probe = config_lib.build(config_lib.load(None, [*sets, *method_sets("fedavg", spec)]))
+        levels = levels_by_speed(np.asarray(probe.system.profiles.step_time), len(WIDTHS[method]))
+    exp = config_lib.build(config_lib.load(None, [*sets, *method_sets(method, spec, levels)]))
+    return dataclasses.replace(exp, data=subsample(exp.data, spec))
+
+
+def exchange_seconds(exp: config_lib.Experiment) -> np.ndarray:
+    """Each client's expected full-model exchange time: E epochs of steps at its step time,
+    the model down and up at its mean bandwidths (the ranking of Fig. 4's groups)."""
+    p = exp.system.profiles
+    steps = np.ceil(exp.data.train.count / exp.work.batch_size) * exp.work.epochs
+    params = exp.model.init(jax.random.key(0))
+    size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    down, up = np.asarray(p.down_mean, np.float64), np.asarray(p.up_mean, np.float64)
+    return steps * np.asarray(p.step_time, np.float64) + size / down + size / up
+
+
+def run_one(spec: SetupSpec, capability: str, method: str, seed: int, folder: Path,
+            progress: bool = False) -> dict[str, Any]:
+    """One (set-up, capability, method, seed) run and what the tables and figure read."""
+    exp = experiment(spec, capability, method, seed, folder)
+    history = simulate.run(
+        exp.data, exp.model, exp.algorithm, exp.sampler,
+        **{**exp.run_kwargs(), "seed": seed, "targets": (), "progress": progress},
+    )  # fmt: skip
+    s = jax.device_get(history.schedule)
+    selected, valid = np.asarray(s.selected), np.asarray(s.valid)
+    counts = np.bincount(selected[valid], minlength=exp.data.num_clients)
+    clock = np.concatenate([[0.0], np.asarray(s.clock, np.float64)])  # after r rounds
+    curve = [
+        {"round": line["round"], "virtual_s": float(clock[line["round"]]),
+         "acc": line["test_accuracy"]}
+        for line in history.metrics
+        if "test_accuracy" in line
+    ]  # fmt: skip
+    return {
+        "setup": spec.name, "capability": capability, "method": method, "seed": seed,
+        "rounds": spec.rounds, "target": spec.target,
+        "best_accuracy": history.summary["best_test_accuracy"],
+        "final_accuracy": history.summary["final_test_accuracy"],
+        "mean_round_s": float(np.mean(np.asarray(s.duration))),
+        "virtual_s": history.summary["virtual_s"],
+        "participation": counts.tolist(),
+        "exchange_s": exchange_seconds(exp).tolist(),
+        "curve": curve, "outcomes": history.summary["outcomes"],
+        "algorithm": exp.config["algorithm"], "selection": exp.config.get("selection"),
+        "wall_s": history.summary["wall_s"],
+    }  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> None:
+    out = common.out_dir(args.out)
+    path = out / "results.json"
+    rows = common.earlier_runs(path, args.resume)
+    done = {(r["setup"], r["capability"], r["method"], r["seed"]) for r in rows}
+    specs = SCALES[args.scale]
+    # Cells in order of importance (the paper's capabilities first), so a cut run keeps them.
+    for capability in args.capabilities:
+        for name in args.setups:
+            for seed in range(args.seeds):
+                for method in args.methods:
+                    if (name, capability, method, seed) in done:
+                        continue
+                    print(f"== {name} / {capability} / {method} / seed {seed}", flush=True)
+                    row = run_one(specs[name], capability, method, seed, out / "profiles",
+                                  args.progress)  # fmt: skip
+                    rows.append(row)
+                    print(
+                        f"   best {row['best_accuracy']:.3f} round {row['mean_round_s']:.1f} s "
+                        f"wall {row['wall_s']:.0f} s",
+                        flush=True,
+                    )
+                    setups = {k: dataclasses.asdict(v) for k, v in specs.items()}
+                    common.write_json(path, common.record(args, setups=setups, runs=rows))
+    report(out)
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (set-up, capability, method): mean, std (n - 1, the paper's) and min-max over seeds
+    of best accuracy and mean round length; rounds and virtual seconds to the target over the
+    seeds that reached it, and how many did."""
+    cells = common.group_by(runs, lambda r: (r["setup"], r["capability"], r["method"]))
+    table = []
+    for (setup, capability, method), cell in cells.items():
+        hits = [h for h in (common.first_hit(r, r["target"]) for r in cell) if h is not None]
+        entry = {"setup": setup, "capability": capability, "method": method,
+                 "seeds": len(cell), "target": cell[0]["target"], "reached": len(hits)}  # fmt: skip
+        for key, values in (
+            ("best_accuracy", [100 * r["best_accuracy"] for r in cell]),
+            ("mean_round_s", [r["mean_round_s"] for r in cell]),
+            ("rounds_to_target", [h["round"] for h in hits]),
+            ("time_to_target", [h["virtual_s"] for h in hits]),
+        ):
+            array = np.asarray(values, np.float64)
+            std = float(array.std(ddof=1)) if array.size > 1 else 0.0
+            entry[key] = None if not array.size else (float(array.mean()), std,
+                                                      float(array.min()), float(array.max()))
+        table.append(entry)
+    return table
+
+
+def _cell(value, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else f"{fmt.format(value[0])} ({fmt.format(value[1])})"
+
+
+def _paper(setup: str, method: str, i: int) -> str:
+    value = PAPER.get(setup, {}).get(method, (None,) * 4)[i]
+    return "-" if value is None else f"{value:g}"
+
+
+def markdown(table: list[dict[str, Any]]) -> list[str]:
+    """Table III/IV in Markdown, each (set-up, capability) a block, the paper's numbers beside
+    ours; round lengths also as a ratio to FedAvg's, the paper's too."""
+    lines = []
+    for (setup, capability), rows in common.group_by(
+        table, lambda e: (e["setup"], e["capability"])
+    ).items():
+        base = next((e["mean_round_s"][0] for e in rows if e["method"] == "fedavg"), math.nan)
+        paper_base = PAPER.get(setup, {}).get("fedavg", (None, math.nan))[1]
+        lines += [
+            f"\n### {setup}, capabilities {capability} (target accuracy {rows[0]['target']:g}; "
+            f"paper's {PAPER_TARGET.get(setup, math.nan):g})\n",
+            "| method | best acc % | paper | round s | / FedAvg | paper / FedAvg "
+            "| rounds to target | paper | virtual s to target | paper | seeds reached |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for e in rows:
+            paper_len = PAPER.get(setup, {}).get(e["method"], (None, None))[1]
+            paper_ratio = "-" if paper_len is None else f"{paper_len / paper_base:.2f}"
+            lines.append(
+                f"| {METHODS.get(e['method'], e['method'])} | {_cell(e['best_accuracy'])} "
+                f"| {_paper(setup, e['method'], 0)} | {_cell(e['mean_round_s'], '{:.1f}')} "
+                f"| {e['mean_round_s'][0] / base:.2f} | {paper_ratio} "
+                f"| {_cell(e['rounds_to_target'], '{:.1f}')} | {_paper(setup, e['method'], 2)} "
+                f"| {_cell(e['time_to_target'], '{:.0f}')} | {_paper(setup, e['method'], 3)} "
+                f"| {e['reached']}/{e['seeds']} |"
+            )
+    return lines
+
+
+def orderings(table: list[dict[str, Any]]) -> list[str]:
+    """The paper's orderings, each checked on the means over seeds per (set-up, capability)."""
+    checks = (
+        ("Freezing's round shorter than FedAvg's", "mean_round_s", "freezing", "<", "fedavg"),
+        ("w/ CS's round shorter than Freezing's", "mean_round_s", "freezing_cs", "<", "freezing"),
+        ("w/ CS,WR's round longer than w/ CS's", "mean_round_s", "freezing_cs_wr", ">",
+         "freezing_cs"),
+        ("w/ CS,WR's round shorter than Freezing's", "mean_round_s", "freezing_cs_wr", "<",
+         "freezing"),
+        ("RBCS-F's round the shortest of Table III", "mean_round_s", "rbcs_f", "min", None),
+        ("Freezing's accuracy at least FedAvg's", "best_accuracy", "freezing", ">=", "fedavg"),
+        ("w/ CS,WR's accuracy above w/ CS's", "best_accuracy", "freezing_cs_wr", ">",
+         "freezing_cs"),
+        ("RBCS-F's accuracy below Freezing's", "best_accuracy", "rbcs_f", "<", "freezing"),
+        ("FjORD's accuracy the lowest of Table III", "best_accuracy", "fjord", "lowest", None),
+        ("FjORD's round shorter than FedAvg's", "mean_round_s", "fjord", "<", "fedavg"),
+        ("FjORD w/ CS's round shorter than FjORD's", "mean_round_s", "fjord_cs", "<", "fjord"),
+        ("FjORD w/ CS's accuracy above FjORD's", "best_accuracy", "fjord_cs", ">", "fjord"),
+        ("Freezing's time to target below FedAvg's", "time_to_target", "freezing", "<", "fedavg"),
+    )  # fmt: skip
+    table3 = ("fedavg", "freezing", "freezing_cs", "freezing_cs_wr", "rbcs_f", "fjord")
+    lines = ["\n| ordering (paper: holds on both data sets) | " + " | ".join(
+        f"{s} {c}" for s, c in dict.fromkeys((e["setup"], e["capability"]) for e in table)
+    ) + " |"]  # fmt: skip
+    lines.append("|---" * (1 + lines[0].count(" | ")) + "|")
+    groups = common.group_by(table, lambda e: (e["setup"], e["capability"]))
+    for text, key, a, op, b in checks:
+        cells = []
+        for rows in groups.values():
+            mean = {e["method"]: (e[key] or (math.nan,))[0] for e in rows}
+            three = [mean[m] for m in table3 if m in mean]
+            if a not in mean or (b is not None and b not in mean) or math.isnan(mean[a]):
+                cells.append("n/a")
+                continue
+            holds = {"<": lambda: mean[a] < mean[b], ">": lambda: mean[a] > mean[b],
+                     ">=": lambda: mean[a] >= mean[b], "min": lambda: mean[a] <= min(three),
+                     "lowest": lambda: mean[a] <= min(three)}[op]()  # fmt: skip
+            cells.append("yes" if holds else "**no**")
+        lines.append(f"| {text} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_csv(table: list[dict[str, Any]], path: Path) -> None:
+    """One line per (set-up, capability, method): mean, std, min, max of each figure."""
+    keys = ("best_accuracy", "mean_round_s", "rounds_to_target", "time_to_target")
+    head = ["setup", "capability", "method", "seeds", "target", "reached"]
+    head += [f"{k}_{s}" for k in keys for s in ("mean", "std", "min", "max")]
+    lines = [",".join(head)]
+    for e in table:
+        values = [e[k] for k in head[:6]]
+        values += [("" if e[k] is None else f"{v:.6g}") for k in keys for v in (e[k] or (0,) * 4)]
+        lines.append(",".join(str(v) for v in values))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot_participation(runs: list[dict[str, Any]], path: Path) -> None:
+    """Fig. 4: selections per capability group (1 = slowest), summed over seeds, a line per
+    method, a panel per (set-up, capability)."""
+    groups = common.group_by(runs, lambda r: (r["setup"], r["capability"]))
+    figure = common.figure(path, dpi=110, nrows=1, ncols=len(groups),
+                           figsize=(5.5 * len(groups), 4.2), squeeze=False)  # fmt: skip
+    with figure as (_, axes):
+        for ax, ((setup, capability), cell) in zip(axes[0], groups.items()):
+            for method, per_method in common.group_by(cell, lambda r: r["method"]).items():
+                total = np.zeros(BINS)
+                for r in per_method:
+                    order = np.argsort(-np.asarray(r["exchange_s"]), kind="stable")  # slowest first
+                    bins = np.array_split(np.asarray(r["participation"])[order], BINS)
+                    total += [b.sum() for b in bins]
+                style = "-" if method.startswith(("freezing", "rbcs")) else ":"
+                ax.plot(np.arange(1, BINS + 1), total, style, marker="o", ms=3,
+                        label=METHODS.get(method, method))  # fmt: skip
+            ax.set(xlabel="capability group (1 = slowest)", ylabel="selections (sum over seeds)",
+                   title=f"{setup}, {capability}")  # fmt: skip
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7)
+
+
+def report(out: Path) -> None:
+    """Prints Table III/IV beside the paper's and the orderings; writes ``table.md``,
+    ``summary.csv`` and ``participation.png`` in ``out``."""
+    record = json.loads((out / "results.json").read_text())
+    table = summarise(record["runs"])
+    lines = [
+        "Best accuracy and round length: mean (std over seeds); round s: the mean round's "
+        "virtual seconds; to target: over the seeds that reached it.",
+        *markdown(table),
+        *orderings(table),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (out / "table.md").write_text(text)
+    write_csv(table, out / "summary.csv")
+    plot_participation(record["runs"], out / "participation.png")
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="scale", action="store_const", const="quick",
+                      help="smoke-test size: femnist, uniform6x, 3 methods, 1 seed, 2 rounds")
+    size.add_argument("--full", dest="scale", action="store_const", const="full",
+                      help="the paper's sizes (Table I) as far as the shipped data go; hours")
+    parser.set_defaults(scale="default")
+    parser.add_argument("--setups", type=lambda s: s.split(","), default=None)
+    parser.add_argument("--capabilities", type=lambda s: s.split(","), default=None)
+    parser.add_argument("--methods", type=lambda s: s.split(","), default=None)
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--progress", action="store_true")
+    common.add_output_flags(parser, OUT, resume=True)
+    args = parser.parse_args(argv)
+    quick = args.scale == "quick"
+    args.setups = args.setups or (["femnist"] if quick else list(SCALES["default"]))
+    args.capabilities = args.capabilities or (["uniform6x"] if quick else list(CAPABILITIES))
+    args.methods = args.methods or list(QUICK_METHODS if quick else METHODS)
+    args.seeds = args.seeds or (1 if quick else 3)
+    return args
+
+
+if __name__ == "__main__":
+    common.main_or_report(parse, main, report)
