@@ -23,7 +23,9 @@ References:
    does; the window advances forward (``torch.roll`` in the reference code moves it
    backward, the same schedule mirrored); the offset is the server's round count, which
    advances every round whoever trains; HeteroFL's scaler is on by default (the reference
-   code builds on HeteroFL's models), ``scaler=False`` turns it off.
+   code builds on HeteroFL's models), ``scaler=False`` turns it off; on the simulated
+   schedule a client costs what HeteroFL's of the same width does (the window's position
+   does not change its size).
 """
 
 from __future__ import annotations

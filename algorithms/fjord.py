@@ -33,8 +33,10 @@ References:
 
 .. warning:: Decisions where the paper is silent: ``p`` is drawn per local step from the
    step's own key (stream "submodel"), reproducible and independent of chunking; the
-   knowledge-distillation variant (§3.4) is not implemented; a narrower sub-model costs
-   full width in the simulated schedule (masks alone).
+   knowledge-distillation variant (§3.4) is not implemented; on the simulated schedule a
+   client's step costs the mean FLOPs share over its allowed widths (the expectation of
+   its draws), its transfers ``F_{p_max}``'s bytes both ways (the server sends the
+   sub-model); its work kept (FreezeFL's selection, Table IV) is ``p_max``.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ References:
 
 .. warning:: Decisions where the paper is silent: with ``client_levels`` empty, client ``k``
    gets level ``k mod L`` (the paper's "fix" split in equal shares); the global model is
-   evaluated at full width only; a narrower sub-model costs full width in the simulated
-   schedule (masks alone).
+   evaluated at full width only; on the simulated schedule a client's step costs its
+   width's share of the forward FLOPs and its transfers its sub-model's bytes both ways
+   (``submodels.level_flops``, ``level_counts``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,11 @@ offset ``r mod n`` in round ``r``: FedRolex, Alam et al. 2022, Eq. 3). The model
 and its output keep their full size. The sub-model is not cut out of the params: it is a
 0/1 mask of their shape (``engine.algorithm.SubModel``), so a cohort of different widths
 trains as one vmapped program, and a mask of ratio 1 is all ones (the full model, bit for
-bit). Masks alone cost full width in simulation time.
+bit). Masks alone cost full width in simulation time (wall clock); the simulated schedule
+prices each client's width (``width_fedavg``'s ``ClientCosts``): its step time times its
+width's share of the forward FLOPs (``level_flops``), its bytes both ways times its
+width's share of the params (``level_counts``), and FjORD's step the mean share over its
+draws; its ``ClientStats.work_kept`` (FreezeFL's selection) is its ratio ``p``.
 
 **Unit axes, from the params' shapes.** A *layer* is a top-level entry of the params
 (a Linen module: ``Dense_0``, ``Conv_1``, ``OptimizedLSTMCell_0``, ``Embed_0``),
@@ -45,10 +49,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from fractions import Fraction
 
 import jax
+import jax.extend.core as jcore
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
@@ -56,7 +62,13 @@ from flax import struct
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState as ModelState
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext, SubModel, masked_mean
+from fedjax_het.engine.algorithm import (
+    ClientCosts,
+    FederatedAlgorithm,
+    LocalContext,
+    SubModel,
+    masked_mean,
+)
 from fedjax_het.models import Model
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree
@@ -71,7 +83,7 @@ def check_widths(widths: tuple[float, ...], name: str = "widths") -> tuple[float
     bad = [p for p in widths if not 0.0 < p <= 1.0]
     if bad:
         raise ValueError(f"{name}: a width ratio must lie in (0, 1], got {bad[0]:g}")
-    if any(a <= b for a, b in zip(widths, widths[1:])):
+    if any(a <= b for a, b in itertools.pairwise(widths)):
         raise ValueError(
             f"{name} must be strictly decreasing from the widest, so that each sub-model "
             f"nests in the wider ones; got {list(widths)}"
@@ -220,14 +232,84 @@ def width_mask(layout: Layout, level: jax.Array, offset: jax.Array = 0,
     return jax.tree.unflatten(layout.treedef, masks)
 
 
+def _kept_entries(layout: Layout, level: int) -> list[int]:
+    """Each leaf's entries kept at width level ``level``, in tree order."""
+    mask = width_mask(layout, jnp.int32(level))
+    return [int(np.broadcast_to(np.asarray(m), s).sum())
+            for m, s in zip(jax.tree.leaves(mask), layout.shapes)]
+
+
 def level_counts(layout: Layout) -> np.ndarray:
     """``[L]`` params each width level trains (and uploads), from its masks (exact)."""
-    def count(level: int) -> int:
-        mask = width_mask(layout, jnp.int32(level))
-        return int(sum(np.broadcast_to(np.asarray(m), s).sum()
-                       for m, s in zip(jax.tree.leaves(mask), layout.shapes)))
+    return np.asarray([sum(_kept_entries(layout, level)) for level in range(len(layout.levels))],
+                      np.int64)
 
-    return np.asarray([count(level) for level in range(len(layout.levels))], np.int64)
+
+# Ops that pass a kernel on unchanged in value (a gate's kernels concatenated, a cast):
+# a product reading their output reads those kernels.
+_KERNEL_VIEWS = {"concatenate", "convert_element_type", "copy", "reshape", "transpose",
+                 "squeeze", "expand_dims"}
+
+
+def _product_flops(eqn) -> float:
+    """FLOPs of one ``dot_general`` or ``conv_general_dilated`` from its shapes (2 per
+    multiply-add), as XLA's cost analysis counts them."""
+    out = math.prod(eqn.outvars[0].aval.shape)
+    if eqn.primitive.name == "dot_general":
+        (contract, _), _ = eqn.params["dimension_numbers"]
+        return 2.0 * out * math.prod(eqn.invars[0].aval.shape[d] for d in contract)
+    rhs = eqn.invars[1].aval.shape
+    return 2.0 * out * math.prod(rhs) / rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
+
+
+def _products(jaxpr, kernels: dict, times: float, found: list) -> None:
+    """Appends ``(leaf ids, flops)`` for every product in ``jaxpr`` (nested ones included, a
+    scan's ``length`` times) whose operand is a params kernel; ``kernels``: var -> leaf ids."""
+    for eqn in jaxpr.eqns:
+        read = [kernels.get(v, frozenset()) if isinstance(v, jcore.Var) else frozenset()
+                for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in ("dot_general", "conv_general_dilated") and any(read):
+            found.append((frozenset().union(*read), times * _product_flops(eqn)))
+        elif name in _KERNEL_VIEWS and read and all(read):
+            kernels[eqn.outvars[0]] = frozenset().union(*read)
+        for sub in jcore.jaxprs_in_params(eqn.params):
+            if len(sub.invars) == len(eqn.invars):
+                inner = {v: ids for v, ids in zip(sub.invars, read) if ids}
+                _products(sub, inner, times * eqn.params.get("length", 1), found)
+
+
+def level_flops(model: Model, layout: Layout, x: jax.ShapeDtypeStruct) -> np.ndarray:
+    """``[L]`` each width level's share of the full model's forward FLOPs on ``x``.
+
+    XLA counts a masked product at full size (``params * mask`` is still a dense product),
+    so the masked forward's cost analysis does not shrink. Each product of the forward
+    pass (its jaxpr's ``dot_general`` and convolutions, a scan's body times its length) is
+    counted from its shapes, 2 FLOPs a multiply-add as XLA does, and at a width costs its
+    kernels' kept entries over their size: a dense layer's ``kept_in x kept_out``
+    multiply-adds a position, a convolution's the same per output pixel. Elementwise work
+    (biases, activations, pooling; a few percent of a dense model) is left out, and a
+    step's backward pass is taken to shrink as its forward does (its two products per
+    kernel are kernel-sized too).
+    """
+    abstract = [jax.ShapeDtypeStruct(s, jnp.float32) for s in layout.shapes]
+    closed = jax.make_jaxpr(lambda ls, xs: model.apply(
+        jax.tree.unflatten(layout.treedef, ls), xs, train=False, key=None))(
+        abstract, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    kernels = {v: frozenset([i]) for i, v in enumerate(closed.jaxpr.invars[: len(abstract)])
+               if len(layout.shapes[i]) >= 2}
+    found: list = []
+    _products(closed.jaxpr, kernels, 1.0, found)
+    if not found:
+        raise ValueError(f"width costs of model {model.name}: its forward pass has no "
+                         "matrix product or convolution with a params kernel")
+    size = [math.prod(shape) for shape in layout.shapes]
+    shares = []
+    for level in range(len(layout.levels)):
+        kept = _kept_entries(layout, level)
+        shares.append(sum(f * sum(kept[i] for i in ids) / sum(size[i] for i in ids)
+                          for ids, f in found) / sum(f for _, f in found))
+    return np.asarray(shares, np.float64)
 
 
 def levels_by_speed(step_time: np.ndarray, num_levels: int) -> tuple[int, ...]:
@@ -265,7 +347,7 @@ def _start(model: Model, payload: WidthPayload, client_state: ClientState, batch
 
 
 def _payload(broadcast) -> tuple[float, float]:
-    """Full-width bytes both ways (the schedule's; a narrower client's share is not priced)."""
+    """Full-width bytes both ways; each client pays its ``ClientCosts.transfer`` share."""
     full = float(bytes_sent(identity(), getattr(broadcast, "params", broadcast)))
     return full, full
 
@@ -306,13 +388,29 @@ def width_fedavg(
         aggregator=masked_mean(), client_start=_start, name=name,
     )
 
-    def server_init(params: Params, hyper: Hyper, num_clients: int) -> WidthState:
+    def population(num_clients: int) -> np.ndarray:
+        """``[N]`` each client's level: ``client_levels``, or ``k mod L``."""
         if given and len(given) != num_clients:
             raise ValueError(f"{name}: client_levels names {len(given)} clients, the "
                              f"population has {num_clients}")
-        levels = np.asarray(given) if given else np.arange(num_clients) % len(widths)
+        return np.asarray(given) if given else np.arange(num_clients) % len(widths)
+
+    def server_init(params: Params, hyper: Hyper, num_clients: int) -> WidthState:
         return WidthState(base.server_init(params, hyper, num_clients),
-                          jnp.asarray(levels, jnp.int32), jnp.zeros((), jnp.int32))
+                          jnp.asarray(population(num_clients), jnp.int32),
+                          jnp.zeros((), jnp.int32))
+
+    @jax.ensure_compile_time_eval()  # host numbers, also when asked inside a traced round
+    def client_costs(num_clients: int, model: Model, x: jax.ShapeDtypeStruct) -> ClientCosts:
+        levels = population(num_clients)
+        params = jax.eval_shape(model.init, jax.random.key(0))
+        layout = unit_layout(model, params, x, widths)
+        compute = level_flops(model, layout, x)
+        if ordered_dropout:  # the expectation over the per-step draws U{level, ..., L - 1}
+            compute = np.asarray([compute[level:].mean() for level in range(len(widths))])
+        size = sum(math.prod(shape) for shape in layout.shapes)
+        return ClientCosts(compute[levels], level_counts(layout)[levels] / size,
+                           np.asarray(widths)[levels])
 
     def server_update(state: WidthState, aggregate, hyper: Hyper, key=None) -> WidthState:
         model = base.server_update(state.model, aggregate, hyper, key)
@@ -339,5 +437,5 @@ def width_fedavg(
         base, server_init=server_init, broadcast=lambda s: WidthPayload(s.model.params,
         s.levels, s.round), server_update=server_update,
         global_params=lambda s: s.model.params, submodel=SubModel(step, trained),
-        payload=_payload,
+        payload=_payload, client_costs=client_costs,
     )

@@ -322,6 +322,25 @@ class SubModel:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClientCosts:
+    """Each client's share of the full model's cost on the simulated schedule (1: the full
+    model), fixed for the run (a narrower sub-model's saving, ``algorithms/submodels.py``):
+    both schedules (``training.plan.plan_runs``, ``training.online.OnlineRound``) multiply
+    client ``k``'s step time by ``compute[k]``, its bytes both ways by ``transfer[k]``.
+
+    Attributes:
+      compute: ``[N]`` share of a full local step's FLOPs.
+      transfer: ``[N]`` share of the full payload's bytes, both ways.
+      work_kept: ``[N]`` in (0, 1], what the in-loop round reports as the client's
+        ``ClientStats.work_kept`` (FjORD's ``p_max``), or None.
+    """
+
+    compute: np.ndarray
+    transfer: np.ndarray
+    work_kept: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Interval:
     """The values a hyperparameter may take, e.g. ``Interval(0, closed_low=False)`` for ``(0, inf)``."""
 
@@ -398,6 +417,10 @@ class FederatedAlgorithm:
       probe: a statistic of the cohort gathered before local training (Mime's control
         variate, Agnostic FedAvg's domain losses and masses), or None.
       submodel: each client's sub-model as masks (FjORD, HeteroFL, FedRolex), or None.
+      client_costs: ``(num_clients, model, example) -> ClientCosts`` each client's share
+        of a full step's FLOPs and of the payload, from the model and an input batch's
+        shape (``example``, a ``jax.ShapeDtypeStruct``); None: every client pays the
+        full model.
     """
 
     name: str
@@ -421,6 +444,7 @@ class FederatedAlgorithm:
     update_base: str = "start"
     probe: CohortProbe | None = None
     submodel: SubModel | None = None
+    client_costs: Callable[[int, Model, jax.ShapeDtypeStruct], ClientCosts] | None = None
 
     def __post_init__(self):
         if self.update_base not in UPDATE_BASES:

@@ -32,7 +32,9 @@ and FLHetBench metrics read them unchanged.
 Cost of freezing: a client at depth ``d`` uploads only the leaves it trains
 and, after its probe, pays ``step_costs[d]`` of a full step (the FLOPs XLA
 counts for the gradient of the layers still training, ``step_costs``); its
-round uses the mean step time over the probe and the frozen steps. The probe
+round uses the mean step time over the probe and the frozen steps. A sub-model's
+width (``FederatedAlgorithm.client_costs``) scales its client's step time and bytes
+as in the planned schedule (``training.costs.priced``). The probe
 is simulated by training the probe steps twice (once to choose, once in the
 round's training), which costs simulation time, not virtual time.
 """
@@ -78,6 +80,7 @@ from fedjax_het.system.schedule import (
     schedule_round,
     wait_for_ready,
 )
+from fedjax_het.training.costs import client_costs, priced
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
@@ -229,7 +232,9 @@ class OnlineRound:
         selection = self.selection
         m = round_.sampler.cohort_size
         broadcast = round_.algorithm.broadcast(state.run.server_state)
-        down, up = payload_bytes(round_.algorithm, broadcast)
+        costs = client_costs(round_.algorithm, round_.model, profiles.num_clients, inputs.train.x)
+        profiles, down, up = priced(profiles, *payload_bytes(round_.algorithm, broadcast), costs)
+        inputs = inputs.replace(profiles=profiles)
         start, ready = wait_for_ready(profiles, policy, state.clock)
         ids, valid, selection_state = self._select(state, round_idx, inputs, ready, down, up)
         valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
@@ -268,6 +273,8 @@ class OnlineRound:
         )
         if freezing is not None and stats.work_kept is None:  # FreezeFL's L - n_k, over L
             stats = stats.replace(work_kept=1.0 - depth / jax.tree.leaves(masks)[0].shape[0])
+        if costs is not None and costs.work_kept is not None:  # a sub-model's width
+            stats = stats.replace(work_kept=jnp.asarray(costs.work_kept, jnp.float32)[ids])
         alignment = None
         if selection.update_alignment:
             moved = jax.tree.map(

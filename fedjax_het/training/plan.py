@@ -31,6 +31,7 @@ from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.system.setup import System
 from fedjax_het.training import online
+from fedjax_het.training.costs import client_costs, priced
 from fedjax_het.typing import PRNGKey
 
 
@@ -67,7 +68,8 @@ def plan_run(
 ) -> Schedule:
     """The schedule of a whole run, before any training (docs/design.md §5).
 
-    Payload: every parameter, as stored, both ways (no compression or freezing).
+    Payload: every parameter, as stored, both ways (no compression or freezing); an
+    algorithm's ``client_costs`` (sub-models) scale each client's bytes and step time.
     Selection: the run's sampler, as without a system, when every client is
     always available (or the policy ignores availability) and there is no
     over-commitment, so a homogeneous system reproduces the plain run;
@@ -104,6 +106,8 @@ def plan_runs(
             "selection or over-commitment, some not); sweep them separately"
         )
     profiles, policy = _stack_systems(systems)
+    costs = client_costs(spec.algorithm, spec.model, data.num_clients, data.train.x)
+    profiles, down, up = priced(profiles, down, up, costs)
     slots = selectors.pop()
     select = sampler if slots is None else scheduling.select_among_ready(data.num_clients, slots)
     make = functools.partial(
@@ -156,12 +160,14 @@ def plan_events(
 ) -> event_schedule.EventSchedule:
     """The arrivals of an asynchronous run's ``events`` server events, before any training.
 
-    Payload: every parameter, as stored, both ways (as ``plan_run``); the
+    Payload: every parameter, as stored, both ways, priced as ``plan_run``'s; the
     system's profiles give every task's timing (its policy is not used: the
     server has none of rounds, deadlines or over-commitment).
     """
     _check_population(system, data)
     down, up = online.payload_bytes(spec.algorithm, jax.eval_shape(spec.model.init, key))
+    costs = client_costs(spec.algorithm, spec.model, data.num_clients, data.train.x)
+    profiles, down, up = priced(system.profiles, down, up, costs)
     make = functools.partial(
         event_schedule.async_schedule,
         events=events,
@@ -169,7 +175,7 @@ def plan_events(
         payload_up=up,
         steps_needed=jnp.asarray(steps_needed(spec, data.train.count)),
     )
-    return jax.jit(make)(system.profiles, server, key=key)
+    return jax.jit(make)(profiles, server, key=key)
 
 
 def ring_depth(system: System | None, server: event_schedule.AsyncServer | None) -> int:
