@@ -19,12 +19,15 @@ server averages each layer over the clients that sent it, weighted by
 ``|D_k|`` (``algorithm.masked_mean``).
 
 Here: a *layer* is a top-level module of the params (``Dense_0``,
-``Conv_1``, ...), in definition order; ``tau_n`` uses the client's mean
+``Conv_1``, ...), in the order the forward pass uses them (``models.layer_order``; the
+engine hands the hooks the layers in that order, since a pytree's dict comes back
+sorted: ``Dense_0``, the output, before ``Embed_0``); ``tau_n`` uses the client's mean
 speeds (``online.OnlineRound``); ``T_r`` is an EMA with weight 0.5 on the old
 value (the paper gives no rate) and starts at the first round's value (no
-freezing in round 0). Not implemented: FreezeFL's utility-based client
-selection and warm restarts (Table III's "w/ CS" and "w/ CS,WR" rows); the
-plain "Freezing" row is this algorithm. Frozen steps cost full compute in
+freezing in round 0). FreezeFL's utility-based client selection and warm
+restarts (Table III's "w/ CS" and "w/ CS,WR" rows) are a selection,
+``[selection] name = "freezefl"`` (``sampling/freezefl_selection.py``); the plain
+"Freezing" row is this algorithm. Frozen steps cost full compute in
 the schedule (see ``fedjax_het.training.online``).
 
 >>> import jax.numpy as jnp

@@ -167,6 +167,32 @@ class _MLP(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
+def layer_order(model: Model, params: Params, x: jax.Array) -> list[str]:
+    """The params' top-level entries (layers) in the order ``model.apply`` on a batch like ``x``
+    first uses them, input side first. A pytree's dict keys come back sorted from every
+    tree operation (``Dense_0`` before ``Embed_0``), so the order of the dict is no guide.
+
+    >>> lstm = char_lstm((5,), 7)
+    >>> layer_order(lstm, lstm.init(jax.random.key(0)), jnp.zeros((1, 5), jnp.int32))
+    ['Embed_0', 'OptimizedLSTMCell_0', 'OptimizedLSTMCell_1', 'Dense_0']
+    """
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    names = [path[0].key for path, _ in flat]
+    abstract = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for _, leaf in flat]
+    example = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    closed = jax.make_jaxpr(
+        lambda leaves, xs: model.apply(jax.tree.unflatten(treedef, leaves), xs, train=False, key=None)
+    )(abstract, example)
+    position = {id(var): i for i, var in enumerate(closed.jaxpr.invars[: len(flat)])}
+    order: list[str] = []
+    for eqn in closed.jaxpr.eqns:
+        for var in eqn.invars:
+            i = position.get(id(var))
+            if i is not None and names[i] not in order:
+                order.append(names[i])
+    return order + [name for name in dict.fromkeys(names) if name not in order]
+
+
 def _conv_nhwc(x: jax.Array, kernel: jax.Array, padding) -> jax.Array:
     return lax.conv_general_dilated(
         x, kernel, (1, 1), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")

@@ -257,8 +257,10 @@ class Freezing:
       probe_share: share of a client's local steps trained unfrozen before the choice.
       depth_masks: ``params -> pytree`` whose leaves are ``[D]`` 0/1 arrays:
         entry ``d`` says whether the leaf trains at freeze depth ``d``
-        (depth 0 trains everything).
-      choose: ``(probe_update, seconds [D], soft_deadline, hyper) -> depth``
+        (depth 0 trains everything). The engine passes the params' layers as a dict in
+        the order the forward pass uses them (``models.layer_order``), not sorted.
+      choose: ``(probe_update, seconds [D], soft_deadline, hyper) -> depth``, the update's
+        layers in the same order
         (int32), from the client's update after the probe (None when
         ``probe_share`` is 0: no probe runs) and its expected round time at
         each depth; ``soft_deadline`` is the server's running estimate of a

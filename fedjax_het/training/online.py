@@ -61,7 +61,7 @@ from fedjax_het.engine.local import (
     local_update,
 )
 from fedjax_het.engine.round import Round, RunState, server_stream
-from fedjax_het.models import Model
+from fedjax_het.models import Model, layer_order
 from fedjax_het.system.policy import RoundPolicy, num_selected
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.sampler import (
@@ -241,7 +241,8 @@ class OnlineRound:
         payload_up = jnp.full((profiles.num_clients,), up, jnp.float32)
         freezing = round_.algorithm.freezing
         if freezing is not None:
-            masks = freezing.depth_masks(broadcast)
+            order = layer_order(round_.model, broadcast, inputs.train.x[:1])
+            masks = freezing.depth_masks(in_order(broadcast, order))
             probe = jnp.ceil(freezing.probe_share * inputs.steps_needed).astype(jnp.int32)
             up_bytes = upload_bytes(broadcast, masks)  # [D]
             scale = _step_scale(inputs, probe)  # [N, D]
@@ -249,7 +250,7 @@ class OnlineRound:
             compute = (inputs.steps_needed * profiles.step_time)[:, None] * scale  # [N, D]
             # Expected round time of every client at every depth, at its mean speeds: [N, D].
             seconds = fixed[:, None] + compute + up_bytes[None, :] / profiles.up_mean[:, None]
-            depth = self._depths(state, broadcast, ids, probe, seconds, round_idx, inputs)
+            depth = self._depths(state, broadcast, ids, probe, seconds, round_idx, inputs, order)
             payload_up = payload_up.at[ids].set(up_bytes[depth])
             profiles = profiles.replace(
                 step_time=profiles.step_time.at[ids].multiply(scale[ids, depth])
@@ -372,11 +373,13 @@ class OnlineRound:
         plain = ClientTask(tasks.client_id, tasks.weight, tasks.step_limit, tasks.key)
         return jax.lax.map(one, (plain, stats.trained, stats.steps), batch_size=self.round.chunk)
 
-    def _depths(self, state, broadcast, ids, probe, seconds, round_idx, inputs: RoundInputs):
+    def _depths(self, state, broadcast, ids, probe, seconds, round_idx, inputs: RoundInputs,
+                order: list[str]):  # fmt: skip
         """Each slot's freeze depth, chosen after its first ``probe`` steps (weight 0, no sums).
 
         The probe uses the round's training keys (``round.Round.cohort``), so it sees
-        the same batches as the first steps of the training that follows.
+        the same batches as the first steps of the training that follows; its update goes
+        to ``choose`` with its layers in ``order`` (the forward pass's).
         """
         round_, freezing = self.round, self.round.algorithm.freezing
         if freezing.probe_share == 0:  # a choice from timings alone (TimelyFL): no probe to run
@@ -390,7 +393,7 @@ class OnlineRound:
                 round_.spec, inputs.hyper, broadcast, client_state, task, inputs.train
             )
             depth = freezing.choose(
-                update, seconds[task.client_id], state.soft_deadline, inputs.hyper
+                in_order(update, order), seconds[task.client_id], state.soft_deadline, inputs.hyper
             )
             return update, depth.astype(jnp.int32), stats
 
@@ -481,3 +484,9 @@ def _recorded(
         last_selected=put(record.last_selected, round_idx, valid),
         last_aggregated=put(record.last_aggregated, round_idx, ok),
     )
+
+
+def in_order(tree: dict, order: list[str]) -> dict:
+    """``tree``'s layers as a dict in ``order`` (``models.layer_order``): what a ``Freezing``
+    hook iterates, depth 0 the input side."""
+    return {name: tree[name] for name in order}
