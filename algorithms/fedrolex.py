@@ -38,6 +38,7 @@ DEFAULT_WIDTHS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
 def fedrolex(
     *, widths: tuple[float, ...] = DEFAULT_WIDTHS, client_levels: tuple[int, ...] = (),
+    width_from: str = "uniform",
     scaler: bool = True, client_lr: float = 0.05, server_lr: float = 1.0,
 ) -> FederatedAlgorithm:
     """FedRolex with a window rolling one unit a round.
@@ -48,6 +49,9 @@ def fedrolex(
       client_levels: each client's level as an index of ``widths``, one per client of the
         population; empty: client ``k`` gets level ``k mod L``.
       scaler: HeteroFL's scaler (activations times ``1 / β`` in training).
+      width_from: with ``client_levels`` empty, "uniform" (client ``k`` gets level
+        ``k mod L``) or "speed" (from the [system]'s step times, the fastest ``1 / L`` of
+        the clients widest: ``submodels.levels_by_speed``; needs a [system]).
       client_lr, server_lr: the clients' and the server's SGD learning rates (traced).
 
     References:
@@ -55,5 +59,6 @@ def fedrolex(
     """
     return width_fedavg(
         "fedrolex", widths, ordered_dropout=False, rolling=True, scaler=scaler,
-        client_levels=client_levels, client_lr=client_lr, server_lr=server_lr,
+        client_levels=client_levels, width_from=width_from, client_lr=client_lr,
+        server_lr=server_lr,
     )

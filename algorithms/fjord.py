@@ -49,6 +49,7 @@ DEFAULT_WIDTHS = (1.0, 0.8, 0.6, 0.4, 0.2)
 
 def fjord(
     *, widths: tuple[float, ...] = DEFAULT_WIDTHS, client_levels: tuple[int, ...] = (),
+    width_from: str = "uniform",
     client_lr: float = 0.05, server_lr: float = 1.0,
 ) -> FederatedAlgorithm:
     """FjORD (ordered dropout, ``p`` drawn per step from the client's allowed widths).
@@ -56,6 +57,9 @@ def fjord(
     Args:
       widths: P, widest first (see the module docstring).
       client_levels: each client's ``p_max`` as an index of ``widths``; empty: round-robin.
+      width_from: with ``client_levels`` empty, "uniform" (client ``k`` gets level
+        ``k mod L``) or "speed" (from the [system]'s step times, the fastest ``1 / L`` of
+        the clients widest: ``submodels.levels_by_speed``; needs a [system]).
       client_lr, server_lr: the clients' and the server's learning rates (traced).
 
     References:
@@ -63,5 +67,6 @@ def fjord(
     """
     return width_fedavg(
         "fjord", widths, ordered_dropout=True, rolling=False, scaler=False,
-        client_levels=client_levels, client_lr=client_lr, server_lr=server_lr,
+        client_levels=client_levels, width_from=width_from, client_lr=client_lr,
+        server_lr=server_lr,
     )

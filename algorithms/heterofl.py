@@ -40,6 +40,7 @@ DEFAULT_WIDTHS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
 def heterofl(
     *, widths: tuple[float, ...] = DEFAULT_WIDTHS, client_levels: tuple[int, ...] = (),
+    width_from: str = "uniform",
     client_lr: float = 0.05, server_lr: float = 1.0,
 ) -> FederatedAlgorithm:
     """HeteroFL with fixed per-client widths and the scaler.
@@ -49,6 +50,9 @@ def heterofl(
         ``a..e = 1, 1/2, 1/4, 1/8, 1/16``).
       client_levels: each client's level as an index of ``widths``, one per client of the
         population; empty: client ``k`` gets level ``k mod L``.
+      width_from: with ``client_levels`` empty, "uniform" (client ``k`` gets level
+        ``k mod L``) or "speed" (from the [system]'s step times, the fastest ``1 / L`` of
+        the clients widest: ``submodels.levels_by_speed``; needs a [system]).
       client_lr, server_lr: the clients' and the server's SGD learning rates (traced).
 
     References:
@@ -56,5 +60,6 @@ def heterofl(
     """
     return width_fedavg(
         "heterofl", widths, ordered_dropout=False, rolling=False, scaler=True,
-        client_levels=client_levels, client_lr=client_lr, server_lr=server_lr,
+        client_levels=client_levels, width_from=width_from, client_lr=client_lr,
+        server_lr=server_lr,
     )

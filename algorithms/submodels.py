@@ -362,9 +362,29 @@ def check_levels(client_levels: tuple[int, ...], widths: tuple[float, ...]) -> t
     return levels
 
 
+@jax.ensure_compile_time_eval()  # host numbers, also when asked inside a traced round
+def width_costs(model: Model, x: jax.ShapeDtypeStruct, widths: tuple[float, ...],
+                levels: np.ndarray, ordered_dropout: bool) -> ClientCosts:
+    """Each client's ``ClientCosts`` at its width level ``levels[k]`` (``[N]``): the level's
+    FLOPs share (``level_flops``; with ``ordered_dropout``, the mean over the levels it
+    draws from), its kept params' share of the bytes, and its ratio as work kept."""
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    layout = unit_layout(model, params, x, widths)
+    compute = level_flops(model, layout, x)
+    if ordered_dropout:  # the expectation over the per-step draws U{level, ..., L - 1}
+        compute = np.asarray([compute[level:].mean() for level in range(len(widths))])
+    size = sum(math.prod(shape) for shape in layout.shapes)
+    return ClientCosts(compute[levels], level_counts(layout)[levels] / size,
+                       np.asarray(widths)[levels])
+
+
+WIDTH_FROM = ("uniform", "speed")
+
+
 def width_fedavg(
     name: str, widths: tuple[float, ...], *, ordered_dropout: bool, rolling: bool, scaler: bool,
-    client_levels: tuple[int, ...] = (), client_lr: float = 0.05, server_lr: float = 1.0,
+    client_levels: tuple[int, ...] = (), width_from: str = "uniform", client_lr: float = 0.05,
+    server_lr: float = 1.0,
 ) -> FederatedAlgorithm:
     """FedAvg in which client ``k`` trains the sub-model of its width level (``SubModel``).
 
@@ -377,11 +397,17 @@ def width_fedavg(
         at unit 0.
       scaler: HeteroFL's scaler in training (``width_mask``).
       client_levels: each client's level (an index of ``widths``, one per client of the
-        population); empty: client ``k`` gets level ``k mod L``.
+        population); empty: from ``width_from``.
+      width_from: with ``client_levels`` empty, "uniform": client ``k`` gets level
+        ``k mod L``; "speed": the levels must come from the clients' step times
+        (``levels_by_speed``, faster devices wider), which the config derives from its
+        [system] and passes as ``client_levels``.
       client_lr, server_lr: the clients' and the server's SGD learning rates (traced).
     """
     widths = check_widths(widths)
     given = check_levels(client_levels, widths)
+    if width_from not in WIDTH_FROM:
+        raise ValueError(f"width_from must be one of {WIDTH_FROM}, got {width_from!r}")
     base = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),
@@ -393,6 +419,9 @@ def width_fedavg(
         if given and len(given) != num_clients:
             raise ValueError(f"{name}: client_levels names {len(given)} clients, the "
                              f"population has {num_clients}")
+        if width_from == "speed" and not given:
+            raise ValueError(f"{name}: width_from = 'speed' needs each client's level from "
+                             "its step time (submodels.levels_by_speed) as client_levels")
         return np.asarray(given) if given else np.arange(num_clients) % len(widths)
 
     def server_init(params: Params, hyper: Hyper, num_clients: int) -> WidthState:
@@ -400,17 +429,8 @@ def width_fedavg(
                           jnp.asarray(population(num_clients), jnp.int32),
                           jnp.zeros((), jnp.int32))
 
-    @jax.ensure_compile_time_eval()  # host numbers, also when asked inside a traced round
     def client_costs(num_clients: int, model: Model, x: jax.ShapeDtypeStruct) -> ClientCosts:
-        levels = population(num_clients)
-        params = jax.eval_shape(model.init, jax.random.key(0))
-        layout = unit_layout(model, params, x, widths)
-        compute = level_flops(model, layout, x)
-        if ordered_dropout:  # the expectation over the per-step draws U{level, ..., L - 1}
-            compute = np.asarray([compute[level:].mean() for level in range(len(widths))])
-        size = sum(math.prod(shape) for shape in layout.shapes)
-        return ClientCosts(compute[levels], level_counts(layout)[levels] / size,
-                           np.asarray(widths)[levels])
+        return width_costs(model, x, widths, population(num_clients), ordered_dropout)
 
     def server_update(state: WidthState, aggregate, hyper: Hyper, key=None) -> WidthState:
         model = base.server_update(state.model, aggregate, hyper, key)

@@ -94,12 +94,15 @@ import dataclasses
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
+from inspect import signature
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
-from fedjax_het import model_schema, models
+from fedjax_het import model_schema, models, registry
+from fedjax_het.algorithms.submodels import levels_by_speed
 from fedjax_het.configuring import INT_BITS, ConfigError, Key, representable, unknown
 from fedjax_het.data import catalog
 from fedjax_het.data import schema as data_schema
@@ -113,6 +116,7 @@ from fedjax_het.system import events, setup
 from fedjax_het.system import schema as system_schema
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.training import schema as training_schema
+from fedjax_het.training.costs import client_costs
 from fedjax_het.training.schema import cluster, compile_cache
 from fedjax_het.transforms import schema as transforms_schema
 
@@ -395,15 +399,40 @@ def build(config: Mapping[str, Any]) -> Experiment:
     system = select = None
     if checked.system is not None:
         system = system_schema.build_system(checked.system, num_clients)
+    algorithm = _with_widths(config, checked, system, model, data)
     if checked.selection is not None:
         select = system_schema.build_selection(
             checked.selection, checked.cohort, system, num_clients
         )
     mediated = None if checked.mediated is None else checked.mediated.options
     return Experiment(
-        data, model, checked.algorithm, sampler, checked.work, checked.hyper, config, system,
-        select, checked.server, mediated,
+        data, model, algorithm, sampler, checked.work, checked.hyper, config, system, select,
+        checked.server, mediated,
     )  # fmt: skip
+
+
+def _with_widths(
+    config: dict[str, Any], checked: _Checked, system: setup.System | None, model: models.Model,
+    data: FederatedData,
+) -> FederatedAlgorithm:
+    """The algorithm, with ``algorithm.width_from = "speed"``'s client levels from the
+    system's step times (``submodels.levels_by_speed``; not written to the resolved config,
+    which derives them again), and its sub-model costs checked on the model."""
+    algorithm, table = checked.algorithm, config["algorithm"]
+    if table.get("width_from") == "speed":
+        widths = table.get("widths", signature(registry.lookup("algorithm", table["name"]))
+                           .parameters["widths"].default)
+        levels = levels_by_speed(np.asarray(system.profiles.step_time), len(widths))
+        rebuilt = {**config, "algorithm": {**table, "width_from": "uniform",
+                                          "client_levels": list(levels)}}
+        algorithm, _ = algorithm_schema.algorithm(rebuilt)
+        algorithm, _ = transforms_schema.transformed(rebuilt, algorithm, checked.cohort)
+    try:
+        client_costs(algorithm, model, data.num_clients, data.train.x)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.name = {algorithm.name!r} with model.name = "
+                          f"{config['model']['name']!r}: {err}") from None
+    return algorithm
 
 
 def _check_tables(config: dict[str, Any]) -> _Checked:
@@ -431,6 +460,9 @@ def _check_tables(config: dict[str, Any]) -> _Checked:
             f"algorithm {algorithm.name!r} freezes layers by device timing: it needs a [system] "
             "(and [policy]) table"
         )
+    if config["algorithm"].get("width_from") == "speed" and system is None:
+        raise ConfigError("algorithm.width_from = 'speed' ranks the clients by their devices' "
+                          "step times: it needs a [system] table (or width_from = 'uniform')")
     selection = system_schema.selection_options(config, has_system=system is not None)
     server = system_schema.server_options(
         config, system, algorithm=algorithm.name, freezes=freezes,
