@@ -463,6 +463,10 @@ def _check_tables(config: dict[str, Any]) -> _Checked:
     if config["algorithm"].get("width_from") == "speed" and system is None:
         raise ConfigError("algorithm.width_from = 'speed' ranks the clients by their devices' "
                           "step times: it needs a [system] table (or width_from = 'uniform')")
+    if config["algorithm"].get("width_from") == "speed" and config["algorithm"].get(
+            "client_levels"):
+        raise ConfigError("algorithm.width_from = 'speed' derives algorithm.client_levels from "
+                          "the devices' step times: give one of the two")
     selection = system_schema.selection_options(config, has_system=system is not None)
     server = system_schema.server_options(
         config, system, algorithm=algorithm.name, freezes=freezes,

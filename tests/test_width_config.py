@@ -31,6 +31,8 @@ SYSTEM = {"system": {"devices": "lognormal"}, "policy": {"kind": "wait_all"}}
         ({"name": "heterofl", "widths": [0.5, 0.5]}, {}, "widths must be strictly decreasing"),
         ({"name": "fjord", "width_from": "speed"}, {}, "width_from = 'speed'"),
         ({"name": "fjord", "width_from": "fast"}, {}, "width_from must be one of"),
+        ({"name": "fjord", "width_from": "speed", "client_levels": [0] * N}, SYSTEM,
+         "give one of the two"),
         ({"name": "heterofl"}, {"model": {"name": "logistic_regression"}},
          "model.name = 'logistic_regression'"),
         ({"name": "heterofl", "client_levels": [0, 1]}, {}, "client_levels names 2 clients"),
