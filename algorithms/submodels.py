@@ -69,6 +69,7 @@ from fedjax_het.engine.algorithm import (
     SubModel,
     masked_mean,
 )
+from fedjax_het import models
 from fedjax_het.models import Model
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree
@@ -129,25 +130,6 @@ class Layout:
         return tuple(sorted(s for s in sizes if s is not None))
 
 
-def layer_order(model: Model, params: Params, x: jax.Array) -> list[str]:
-    """The params' top-level entries in order of first use in ``model.apply`` on ``x``."""
-    leaves, treedef = jax.tree.flatten(params)
-    paths = [path[0].key for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    abstract = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in leaves]
-    example = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    closed = jax.make_jaxpr(
-        lambda ls, xs: model.apply(jax.tree.unflatten(treedef, ls), xs, train=False, key=None)
-    )(abstract, example)
-    position = {id(var): i for i, var in enumerate(closed.jaxpr.invars[: len(leaves)])}
-    order: list[str] = []
-    for eqn in closed.jaxpr.eqns:
-        for var in eqn.invars:
-            i = position.get(id(var))
-            if i is not None and paths[i] not in order:
-                order.append(paths[i])
-    return order + [p for p in dict.fromkeys(paths) if p not in order]
-
-
 def _layer_axes(name: str, shapes: list[tuple[int, ...]], first: bool, hidden: bool,
                 previous: int | None, where: str) -> list[LeafAxes]:
     """The ``LeafAxes`` of one layer's leaves (shapes in tree order)."""
@@ -177,7 +159,7 @@ def _layer_axes(name: str, shapes: list[tuple[int, ...]], first: bool, hidden: b
 def _cached_layout(model: Model, treedef, shapes, dtypes, x_shape, x_dtype) -> Layout:
     params = jax.tree.unflatten(treedef, [jnp.zeros(s, d) for s, d in zip(shapes, dtypes)])
     where = f"width masks of model {model.name}"
-    order = layer_order(model, params, jnp.zeros(x_shape, x_dtype))
+    order = models.layer_order(model, params, jnp.zeros(x_shape, x_dtype))
     if len(order) < 2:
         raise ValueError(f"{where}: the model has no hidden units to mask (one layer: "
                          f"{', '.join(order)})")

@@ -136,7 +136,8 @@ def test_uncommenting_an_optional_table_gives_a_config_that_builds(tmp_path, cap
 
 @pytest.mark.parametrize("name", [*registry.names("algorithm"), *MEDIATED])
 def test_config_all_of_every_algorithm_builds(name, tmp_path, capsys):
-    overrides = [*TINY, 'policy.kind="deadline"', f"algorithm.name={name!r}"]
+    # an MLP: the sub-model algorithms (heterofl, fjord, fedrolex) need hidden units to mask
+    overrides = [*TINY, "model.name=mlp", 'policy.kind="deadline"', f"algorithm.name={name!r}"]
     path = tmp_path / "all.toml"
     path.write_text(_all(capsys, overrides))
     rebuilt = config.build(config.load(path))
