@@ -367,7 +367,10 @@ FIRST_HOUR_CASES = [
 
 
 def _takes_float(hint) -> bool:
-    return hint is float or float in typing.get_args(hint)
+    """A float or an optional float; not a list of floats (``tuple[float, ...]``: a number
+    there is refused as "must be a list", FIRST_HOUR_CASES and tests/test_width_config.py)."""
+    sequence = typing.get_origin(hint) in (tuple, list)
+    return hint is float or (not sequence and float in typing.get_args(hint))
 
 
 def _variants() -> list[tuple[tuple[str, ...], str | None]]:
