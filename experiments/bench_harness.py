@@ -453,7 +453,8 @@ def measure(
     """Builds, validates and times each variant; returns one row each (see the module docstring).
 
     The gate reference of a variant is the first row built with the same
-    ``settings["system"]``; ``initial`` are the params the round starts from.
+    ``settings["system"]`` and ``settings.get("gate_group")`` (an algorithm whose round is
+    not FedAvg's is its own group); ``initial`` are the params the round starts from.
     Gate rounds run programs compiled under ``gate_precision``, timed rounds
     programs compiled under ``matmul_precision`` (one program when equal).
     """
@@ -476,7 +477,7 @@ def measure(
             _failed(row, variant, "" if shared else f"gate program ({gate_precision}): ", error)
             continue
         row.update(gate_compile_s=impl.compile_s, gate_round_s=gate_round_s)
-        group = variant.settings.get("system", "none")
+        group = (variant.settings.get("system", "none"), variant.settings.get("gate_group"))
         if group not in references:
             references[group], row["gate"] = (variant.name, params), {"reference": True}
         else:

@@ -84,13 +84,17 @@ import jax
 import numpy as np
 
 from fedjax_het import models, results
+from fedjax_het.algorithms.heterofl import heterofl
 from fedjax_het.algorithms.scaffold import scaffold
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.engine import memory
 
 POPULATION_PER_COHORT = 2  # the sampler draws the cohort from twice as many clients
-ALGORITHMS = {"fedavg": None, "scaffold": scaffold}  # engine algorithms (None: the setup's)
+# Engine algorithms (None: the setup's FedAvg); heterofl: widths 1, 1/2, 1/4, 1/8, 1/16 dealt
+# round-robin (mean 0.39), masks at full cost: its ratio_to_fedavg is a mixed-width round's.
+ALGORITHMS = {"fedavg": None, "scaffold": scaffold, "heterofl": heterofl}
+OWN_ROUND = ("heterofl",)  # rounds that are not FedAvg's: their own gate reference
 BASELINES = ("loop", "bare_vmap")
 LOOP_CLIENTS = 1000  # gpu suite: loops timed on at most this many clients, then scaled
 
@@ -305,6 +309,7 @@ def variants(
                         settings = {
                             "system": system,
                             "algorithm": algorithm,
+                            **({"gate_group": algorithm} if algorithm in OWN_ROUND else {}),
                             "chunk": size,
                             "chunk_from": "memory.plan_chunk" if chunk == "auto" else "--chunk",
                             "unroll": unroll,
