@@ -66,23 +66,23 @@ def describe(
     mc: flhetbench.MonteCarlo,
 ) -> dict[str, Any]:
     """Computes the metrics and the schedule summary, writes ``system_summary.json`` and the
-    plots. ``run_schedule()`` plans the run's schedule, compiled and run beside the metrics'
-    programs (a thread each: XLA compiles without the GIL)."""
+    plots. The metrics' programs compile and run in a thread of their own (XLA compiles
+    without the GIL) while ``run_schedule()`` plans the run's schedule and it is drawn."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         metrics = pool.submit(heterogeneity_metrics, profiles, key=key, mc=mc)
         schedule = jax.device_get(run_schedule())
-        summary = {"flhetbench": metrics.result()}
-    summary["schedule"] = schedule_summary(schedule, profiles.num_clients)
-    counts = np.asarray(summary["schedule"]["participation_counts"])
-    summary["schedule"]["participation_gini"] = plots.plot_participation(
-        counts, out / "participation.png"
-    )
-    plots.plot_timeline(schedule, out / "timeline.png")
-    plots.plot_availability(
-        profiles.availability, np.asarray(profiles.trace)[:200], out / "availability.png"
-    )
+        summary = {"schedule": schedule_summary(schedule, profiles.num_clients)}
+        counts = np.asarray(summary["schedule"]["participation_counts"])
+        summary["schedule"]["participation_gini"] = plots.plot_participation(
+            counts, out / "participation.png"
+        )
+        plots.plot_timeline(schedule, out / "timeline.png")
+        plots.plot_availability(
+            profiles.availability, np.asarray(profiles.trace)[:200], out / "availability.png"
+        )
+        summary = {"flhetbench": metrics.result(), **summary}
     (out / "system_summary.json").write_text(results.strict_json(summary, indent=2) + "\n")
     return summary
 
