@@ -52,9 +52,14 @@ def local_spec(
 
 
 def steps_needed(spec: LocalSpec, count: np.ndarray) -> np.ndarray:
-    """``[N]`` local steps each client's full task takes (its epochs or steps, capped)."""
-    count = jnp.asarray(count, jnp.int32)
-    return np.asarray(planned_steps(spec, count, jnp.int32(NO_STEP_LIMIT)), np.int32)
+    """``[N]`` local steps each client's full task takes (its epochs or steps, capped); one
+    small program, not an eager operation (each compiles on its own) per step of the sum."""
+    return np.asarray(_steps_needed(spec, jnp.asarray(count, jnp.int32)), np.int32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _steps_needed(spec: LocalSpec, count: jax.Array) -> jax.Array:
+    return planned_steps(spec, count, jnp.int32(NO_STEP_LIMIT))
 
 
 def plan_run(
@@ -77,7 +82,7 @@ def plan_run(
     with ``ceil(m * (1 + over_commit))`` slots for a cohort of ``m``.
     """
     plans = plan_runs([system], data, spec, sampler, rounds=rounds, keys=key[None])
-    return jax.tree.map(lambda a: a[0], plans)
+    return jax.tree.map(lambda a: jnp.asarray(np.asarray(a)[0]), plans)
 
 
 def plan_runs(
@@ -195,6 +200,10 @@ def selection_slots(system: System, sampler: Sampler, num_clients: int) -> int |
     return None if slots == m and (always or not system.policy.availability_aware) else slots
 
 
+def _traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
 def _stack_systems(systems: Sequence[System]):
     """The systems' profiles (one shared availability store) and policies, stacked."""
     stores = [jax.tree.leaves(s.profiles.availability) for s in systems]
@@ -204,7 +213,7 @@ def _stack_systems(systems: Sequence[System]):
     ):
         raise ValueError("the systems must share one availability store (index its traces)")
     try:
-        stack = lambda *xs: jnp.stack(xs)
+        stack = lambda *xs: jnp.stack(xs) if any(map(_traced, xs)) else np.stack(xs)
         profiles = jax.tree.map(
             stack, *[s.profiles.replace(availability=None) for s in systems]
         ).replace(availability=systems[0].profiles.availability)
