@@ -30,7 +30,7 @@ References:
 
 from __future__ import annotations
 
-from fedjax_het.algorithms.submodels import width_fedavg
+from fedjax_het.algorithms.width_fedavg import width_fedavg
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 
 DEFAULT_WIDTHS = (1.0, 0.5, 0.25, 0.125, 0.0625)
@@ -40,6 +40,7 @@ def fedrolex(
     *, widths: tuple[float, ...] = DEFAULT_WIDTHS, client_levels: tuple[int, ...] = (),
     width_from: str = "uniform",
     scaler: bool = True, client_lr: float = 0.05, server_lr: float = 1.0,
+    dense_groups: bool = True,
 ) -> FederatedAlgorithm:
     """FedRolex with a window rolling one unit a round.
 
@@ -53,6 +54,10 @@ def fedrolex(
         ``k mod L``) or "speed" (from the [system]'s step times, the fastest ``1 / L`` of
         the clients widest: ``submodels.levels_by_speed``; needs a [system]).
       client_lr, server_lr: the clients' and the server's SGD learning rates (traced).
+      dense_groups: train each width level's clients as one dense program of the cut model
+        (``engine.groups``: about the work the widths do, the results of masks within float
+        rounding) where the engine can (a model with ``at_width``, one device, no train
+        masks); False: masks on the full model (every client costs full width in wall time).
 
     References:
       Alam et al., "FedRolex" (NeurIPS 2022), Eq. 3.
@@ -60,5 +65,5 @@ def fedrolex(
     return width_fedavg(
         "fedrolex", widths, ordered_dropout=False, rolling=True, scaler=scaler,
         client_levels=client_levels, width_from=width_from, client_lr=client_lr,
-        server_lr=server_lr,
+        server_lr=server_lr, dense_groups=dense_groups,
     )

@@ -41,7 +41,7 @@ References:
 
 from __future__ import annotations
 
-from fedjax_het.algorithms.submodels import width_fedavg
+from fedjax_het.algorithms.width_fedavg import width_fedavg
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 
 DEFAULT_WIDTHS = (1.0, 0.8, 0.6, 0.4, 0.2)

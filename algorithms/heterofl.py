@@ -32,7 +32,7 @@ References:
 
 from __future__ import annotations
 
-from fedjax_het.algorithms.submodels import width_fedavg
+from fedjax_het.algorithms.width_fedavg import width_fedavg
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 
 DEFAULT_WIDTHS = (1.0, 0.5, 0.25, 0.125, 0.0625)
@@ -42,6 +42,7 @@ def heterofl(
     *, widths: tuple[float, ...] = DEFAULT_WIDTHS, client_levels: tuple[int, ...] = (),
     width_from: str = "uniform",
     client_lr: float = 0.05, server_lr: float = 1.0,
+    dense_groups: bool = True,
 ) -> FederatedAlgorithm:
     """HeteroFL with fixed per-client widths and the scaler.
 
@@ -54,6 +55,10 @@ def heterofl(
         ``k mod L``) or "speed" (from the [system]'s step times, the fastest ``1 / L`` of
         the clients widest: ``submodels.levels_by_speed``; needs a [system]).
       client_lr, server_lr: the clients' and the server's SGD learning rates (traced).
+      dense_groups: train each width level's clients as one dense program of the cut model
+        (``engine.groups``: about the work the widths do, the results of masks within float
+        rounding) where the engine can (a model with ``at_width``, one device, no train
+        masks); False: masks on the full model (every client costs full width in wall time).
 
     References:
       Diao, Ding and Tarokh, "HeteroFL" (ICLR 2021), §3.
@@ -61,5 +66,5 @@ def heterofl(
     return width_fedavg(
         "heterofl", widths, ordered_dropout=False, rolling=False, scaler=True,
         client_levels=client_levels, width_from=width_from, client_lr=client_lr,
-        server_lr=server_lr,
+        server_lr=server_lr, dense_groups=dense_groups,
     )

@@ -7,8 +7,10 @@ offset ``r mod n`` in round ``r``: FedRolex, Alam et al. 2022, Eq. 3). The model
 and its output keep their full size. The sub-model is not cut out of the params: it is a
 0/1 mask of their shape (``engine.algorithm.SubModel``), so a cohort of different widths
 trains as one vmapped program, and a mask of ratio 1 is all ones (the full model, bit for
-bit). Masks alone cost full width in simulation time (wall clock); the simulated schedule
-prices each client's width (``width_fedavg``'s ``ClientCosts``): its step time times its
+bit). Masks alone cost full width in simulation time (wall clock); a client that trains one
+width for the round may instead train the dense sub-model of its kept units
+(``take_units``, ``put_units``; ``algorithms/width_fedavg.py``). The
+simulated schedule prices each client's width (``width_costs``): its step time times its
 width's share of the forward FLOPs (``level_flops``), its bytes both ways times its
 width's share of the params (``level_counts``), and FjORD's step the mean share over its
 draws; its ``ClientStats.work_kept`` (FreezeFL's selection) is its ratio ``p``.
@@ -51,28 +53,16 @@ import dataclasses
 import functools
 import itertools
 import math
-from fractions import Fraction
 
 import jax
 import jax.extend.core as jcore
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from fedjax_het.algorithms import optimizers
-from fedjax_het.algorithms.fedavg import ServerState as ModelState
-from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.engine.algorithm import (
-    ClientCosts,
-    FederatedAlgorithm,
-    LocalContext,
-    SubModel,
-    masked_mean,
-)
 from fedjax_het import models
-from fedjax_het.models import Model
-from fedjax_het.transforms.compression import bytes_sent, identity
-from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree
+from fedjax_het.engine.algorithm import ClientCosts
+from fedjax_het.models import Model, kept_units
+from fedjax_het.typing import Params, PyTree
 
 
 def check_widths(widths: tuple[float, ...], name: str = "widths") -> tuple[float, ...]:
@@ -90,11 +80,6 @@ def check_widths(widths: tuple[float, ...], name: str = "widths") -> tuple[float
             f"nests in the wider ones; got {list(widths)}"
         )
     return widths
-
-
-def kept_units(ratio: float, units: int) -> int:
-    """``ceil(ratio * units)``, at least 1, in exact decimal arithmetic (``0.7 * 10`` is 7)."""
-    return max(1, math.ceil(Fraction(repr(ratio)) * units))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +199,47 @@ def width_mask(layout: Layout, level: jax.Array, offset: jax.Array = 0,
     return jax.tree.unflatten(layout.treedef, masks)
 
 
+def _window(x: jax.Array, axis: int, units: int, repeat: int, kept: int | None,
+            offset: jax.Array) -> jax.Array:
+    """Axis ``axis`` of ``x`` (``repeat`` runs of ``units``, channel-last) cut to the ``kept``
+    units of the window from ``offset`` (``unit_mask``'s ones, in window order), or with
+    ``kept`` None widened back: the window's values at their units, zeros elsewhere. A roll
+    and a slice or a pad (no gather or scatter: XLA:CPU runs those an element at a time)."""
+    axis = axis % x.ndim
+    grid = x.reshape(*x.shape[:axis], repeat, x.shape[axis] // repeat, *x.shape[axis + 1:])
+    if kept is not None:
+        grid = jax.lax.slice_in_dim(jnp.roll(grid, -offset, axis + 1), 0, kept, axis=axis + 1)
+    else:
+        pad = [(0, 0)] * grid.ndim
+        pad[axis + 1] = (0, units - grid.shape[axis + 1])
+        grid = jnp.roll(jnp.pad(grid, pad), offset, axis + 1)
+    return grid.reshape(*x.shape[:axis], -1, *x.shape[axis + 1:])
+
+
+def _cut_leaves(layout: Layout, tree: Params, level: int | None, offset: jax.Array) -> Params:
+    """Each leaf of ``tree`` cut to width level ``level``'s window, or widened (None)."""
+    leaves = []
+    for leaf, axes in zip(jax.tree.leaves(tree), layout.leaves):
+        for axis, units, repeat in ((-1, axes.out, 1), (-2, axes.fan_in, axes.repeat)):
+            if units is not None:
+                kept = None if level is None else kept_units(layout.levels[level], units)
+                leaf = _window(leaf, axis, units, repeat, kept, offset)
+        leaves.append(leaf)
+    return jax.tree.unflatten(layout.treedef, leaves)
+
+
+def take_units(layout: Layout, params: Params, level: int, offset: jax.Array = 0) -> Params:
+    """The dense sub-model's params at width ``layout.levels[level]``: each leaf's kept units
+    on its unit axes, in window order (unit ``(offset + i) mod n`` as unit ``i``); the
+    shapes ``Model.at_width`` builds."""
+    return _cut_leaves(layout, params, level, offset)
+
+
+def put_units(layout: Layout, small: Params, offset: jax.Array = 0) -> Params:
+    """``take_units`` undone: ``small``'s values at their units of the full shapes, 0 elsewhere."""
+    return _cut_leaves(layout, small, None, offset)
+
+
 def _kept_entries(layout: Layout, level: int) -> list[int]:
     """Each leaf's entries kept at width level ``level``, in tree order."""
     mask = width_mask(layout, jnp.int32(level))
@@ -303,47 +329,6 @@ def levels_by_speed(step_time: np.ndarray, num_levels: int) -> tuple[int, ...]:
     return tuple(int(level) for level in rank * num_levels // max(step_time.size, 1))
 
 
-@struct.dataclass
-class WidthState:
-    """The server's model and optimizer state, each client's width level ``[N]`` (int32, an
-    index into the widths) and the rounds done (FedRolex's window offset)."""
-
-    model: ModelState
-    levels: jax.Array
-    round: jax.Array
-
-
-@struct.dataclass
-class WidthPayload:
-    """What a client downloads: the full model, the width levels ``[N]`` and the round."""
-
-    params: Params
-    levels: jax.Array
-    round: jax.Array
-
-
-def _start(model: Model, payload: WidthPayload, client_state: ClientState, batches, hyper: Hyper,
-           key: PRNGKey) -> tuple[Params, ClientState]:
-    del model, batches, hyper, key
-    return payload.params, client_state
-
-
-def _payload(broadcast) -> tuple[float, float]:
-    """Full-width bytes both ways; each client pays its ``ClientCosts.transfer`` share."""
-    full = float(bytes_sent(identity(), getattr(broadcast, "params", broadcast)))
-    return full, full
-
-
-def check_levels(client_levels: tuple[int, ...], widths: tuple[float, ...]) -> tuple[int, ...]:
-    """``client_levels`` as ints if each indexes ``widths``; else a one-line ValueError."""
-    levels = tuple(int(level) for level in client_levels)
-    bad = [level for level in levels if not 0 <= level < len(widths)]
-    if bad:
-        raise ValueError(f"client_levels: level {bad[0]} is not an index of the "
-                         f"{len(widths)} widths")
-    return levels
-
-
 @jax.ensure_compile_time_eval()  # host numbers, also when asked inside a traced round
 def width_costs(model: Model, x: jax.ShapeDtypeStruct, widths: tuple[float, ...],
                 levels: np.ndarray, ordered_dropout: bool) -> ClientCosts:
@@ -358,86 +343,3 @@ def width_costs(model: Model, x: jax.ShapeDtypeStruct, widths: tuple[float, ...]
     size = sum(math.prod(shape) for shape in layout.shapes)
     return ClientCosts(compute[levels], level_counts(layout)[levels] / size,
                        np.asarray(widths)[levels])
-
-
-WIDTH_FROM = ("uniform", "speed")
-
-
-def width_fedavg(
-    name: str, widths: tuple[float, ...], *, ordered_dropout: bool, rolling: bool, scaler: bool,
-    client_levels: tuple[int, ...] = (), width_from: str = "uniform", client_lr: float = 0.05,
-    server_lr: float = 1.0,
-) -> FederatedAlgorithm:
-    """FedAvg in which client ``k`` trains the sub-model of its width level (``SubModel``).
-
-    Args:
-      name: registry name.
-      widths: the width ratios, widest first (``check_widths``).
-      ordered_dropout: each local step trains a width drawn uniformly from the client's
-        level and narrower (FjORD); else every step trains the client's own width.
-      rolling: the window of kept units starts at unit ``round mod units`` (FedRolex); else
-        at unit 0.
-      scaler: HeteroFL's scaler in training (``width_mask``).
-      client_levels: each client's level (an index of ``widths``, one per client of the
-        population); empty: from ``width_from``.
-      width_from: with ``client_levels`` empty, "uniform": client ``k`` gets level
-        ``k mod L``; "speed": the levels must come from the clients' step times
-        (``levels_by_speed``, faster devices wider), which the config derives from its
-        [system] and passes as ``client_levels``.
-      client_lr, server_lr: the clients' and the server's SGD learning rates (traced).
-    """
-    widths = check_widths(widths)
-    given = check_levels(client_levels, widths)
-    if width_from not in WIDTH_FROM:
-        raise ValueError(f"width_from must be one of {WIDTH_FROM}, got {width_from!r}")
-    base = fedavg(
-        client_optimizer=optimizers.sgd("client", lr=client_lr),
-        server_optimizer=optimizers.sgd("server", lr=server_lr),
-        aggregator=masked_mean(), client_start=_start, name=name,
-    )
-
-    def population(num_clients: int) -> np.ndarray:
-        """``[N]`` each client's level: ``client_levels``, or ``k mod L``."""
-        if given and len(given) != num_clients:
-            raise ValueError(f"{name}: client_levels names {len(given)} clients, the "
-                             f"population has {num_clients}")
-        if width_from == "speed" and not given:
-            raise ValueError(f"{name}: width_from = 'speed' needs each client's level from "
-                             "its step time (submodels.levels_by_speed) as client_levels")
-        return np.asarray(given) if given else np.arange(num_clients) % len(widths)
-
-    def server_init(params: Params, hyper: Hyper, num_clients: int) -> WidthState:
-        return WidthState(base.server_init(params, hyper, num_clients),
-                          jnp.asarray(population(num_clients), jnp.int32),
-                          jnp.zeros((), jnp.int32))
-
-    def client_costs(num_clients: int, model: Model, x: jax.ShapeDtypeStruct) -> ClientCosts:
-        return width_costs(model, x, widths, population(num_clients), ordered_dropout)
-
-    def server_update(state: WidthState, aggregate, hyper: Hyper, key=None) -> WidthState:
-        model = base.server_update(state.model, aggregate, hyper, key)
-        return WidthState(model, state.levels, state.round + 1)
-
-    def window(model: Model, x: jax.Array, ctx: LocalContext):
-        payload = ctx.broadcast
-        layout = unit_layout(model, ctx.start, x, widths)
-        return layout, payload.levels[ctx.client_id], payload.round if rolling else 0
-
-    def step(model: Model, x: jax.Array, ctx: LocalContext, hyper: Hyper, key: PRNGKey):
-        del hyper
-        layout, level, offset = window(model, x, ctx)
-        if ordered_dropout:
-            level = jax.random.randint(key, (), level, len(widths), jnp.int32)
-        mask = width_mask(layout, level, offset)
-        return mask, (width_mask(layout, level, offset, scaler=True) if scaler else mask)
-
-    def trained(model: Model, x: jax.Array, ctx: LocalContext, hyper: Hyper) -> PyTree:
-        del hyper
-        return width_mask(*window(model, x, ctx))
-
-    return dataclasses.replace(
-        base, server_init=server_init, broadcast=lambda s: WidthPayload(s.model.params,
-        s.levels, s.round), server_update=server_update,
-        global_params=lambda s: s.model.params, submodel=SubModel(step, trained),
-        payload=_payload, client_costs=client_costs,
-    )

@@ -91,10 +91,17 @@ from fedjax_het.data.federated import ClientArrays
 from fedjax_het.engine import memory
 
 POPULATION_PER_COHORT = 2  # the sampler draws the cohort from twice as many clients
-# Engine algorithms (None: the setup's FedAvg); heterofl: widths 1, 1/2, 1/4, 1/8, 1/16 dealt
-# round-robin (mean 0.39), masks at full cost: its ratio_to_fedavg is a mixed-width round's.
-ALGORITHMS = {"fedavg": None, "scaffold": scaffold, "heterofl": heterofl}
-OWN_ROUND = ("heterofl",)  # rounds that are not FedAvg's: their own gate reference
+# Engine algorithms (None: the setup's FedAvg); heterofl: widths 1, 1/2, 1/4, 1/8 dealt
+# round-robin (mean 0.47), each level's clients a dense program of the cut model
+# (engine.groups); heterofl_masks: the same round as masks on the full model (every client
+# at full cost). Their ratio_to_fedavg is a mixed-width round's against full-width FedAvg's.
+HETEROFL_WIDTHS = (1.0, 0.5, 0.25, 0.125)
+ALGORITHMS = {
+    "fedavg": None, "scaffold": scaffold,
+    "heterofl": functools.partial(heterofl, widths=HETEROFL_WIDTHS),
+    "heterofl_masks": functools.partial(heterofl, widths=HETEROFL_WIDTHS, dense_groups=False),
+}
+OWN_ROUND = ("heterofl", "heterofl_masks")  # not FedAvg's rounds: their own gate reference
 BASELINES = ("loop", "bare_vmap")
 LOOP_CLIENTS = 1000  # gpu suite: loops timed on at most this many clients, then scaled
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 
 import flax.linen as nn
 import jax
@@ -39,18 +41,39 @@ class Model:
       apply: ``(params, x, *, train, key) -> outputs`` for a batch ``x``.
       per_example_loss: ``(outputs, y) -> [batch]`` losses.
       name: a short name for logs.
+      at_width: ``p -> Model``: the same architecture with each hidden layer of ``n``
+        units cut to ``kept_units(p, n)`` (its input and output kept), whose params are
+        the full model's sliced to those units; a dense sub-model that trains a width
+        level faster than masks do (``algorithms/submodels.py``). None: no such model
+        (a sub-model then trains as masks on the full one).
     """
 
     init: Callable[[PRNGKey], Params]
     apply: Callable[..., jax.Array]
     per_example_loss: Callable[[jax.Array, jax.Array], jax.Array]
     name: str = "model"
+    at_width: Callable[[float], Model] | None = None
 
     def loss(self, outputs: jax.Array, y: jax.Array, mask: Mask) -> jax.Array:
         """Mean loss over the examples that ``mask`` keeps (0 when it keeps none)."""
         mask = mask.astype(outputs.dtype)
         total = jnp.sum(self.per_example_loss(outputs, y) * mask)
         return total / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def kept_units(ratio: float, units: int) -> int:
+    """A hidden layer's units at width ``ratio``: ``ceil(ratio * units)``, at least 1, in exact
+    decimal arithmetic (``0.7 * 10`` is 7; Diao et al. 2021, §3.1)."""
+    return max(1, math.ceil(Fraction(repr(ratio)) * units))
+
+
+def _widths(build: Callable[[Callable[[int], int]], Model]) -> Model:
+    """``build(identity)`` with ``at_width(p)`` = ``build(lambda n: kept_units(p, n))``."""
+
+    def at_width(ratio: float) -> Model:
+        return build(functools.partial(kept_units, ratio))
+
+    return dataclasses.replace(build(lambda units: units), at_width=at_width)
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -257,15 +280,17 @@ def _conv_for_backend(lhs, rhs, window_strides, padding, **kwargs) -> jax.Array:
 
 class _FemnistCNN(nn.Module):
     num_classes: int
+    channels: tuple[int, int] = (32, 64)
+    dense: int = 2048
 
     @nn.compact
     def __call__(self, x):
-        for channels in (32, 64):
+        for channels in self.channels:
             conv = nn.Conv(channels, (5, 5), padding="SAME", conv_general_dilated=_conv_for_backend)
             x = nn.relu(conv(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
-        x = nn.relu(nn.Dense(2048)(x))
+        x = nn.relu(nn.Dense(self.dense)(x))
         return nn.Dense(self.num_classes)(x)
 
 
@@ -298,14 +323,17 @@ def mlp(example_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = 
     """
     if any(width < 1 for width in hidden):
         raise ValueError(f"mlp: hidden layer sizes must be >= 1, got {list(hidden)}")
-    return from_linen(_MLP(tuple(hidden), num_classes), example_shape, name="mlp")
+    return _widths(lambda cut: from_linen(
+        _MLP(tuple(cut(width) for width in hidden), num_classes), example_shape, name="mlp"))
 
 
 def femnist_cnn(example_shape: Sequence[int], num_classes: int) -> Model:
     """The LEAF FEMNIST CNN (Caldas et al. 2018), for ``[H, W, C]`` images."""
     if len(example_shape) != 3:
         raise ValueError(f"femnist_cnn needs [height, width, channels] inputs, got {example_shape}")
-    return from_linen(_FemnistCNN(num_classes), example_shape, name="femnist_cnn")
+    return _widths(lambda cut: from_linen(
+        _FemnistCNN(num_classes, (cut(32), cut(64)), cut(2048)), example_shape,
+        name="femnist_cnn"))
 
 
 def _char_rnn(
@@ -323,8 +351,9 @@ def _char_rnn(
     for argument, value in sizes.items():
         if value < 1:
             raise ValueError(f"{name}: {argument} must be >= 1, got {value}")
-    module = _CharRNN(num_classes, embed, hidden, layers, cell)
-    return from_linen(module, example_shape, name=name, input_dtype=jnp.int32)
+    return _widths(lambda cut: from_linen(
+        _CharRNN(num_classes, cut(embed), cut(hidden), layers, cell), example_shape, name=name,
+        input_dtype=jnp.int32))
 
 
 def char_lstm(

@@ -4,7 +4,9 @@ The engine's rounds of mixed widths are checked against a float64 per-client seq
 reference written here in numpy (an MLP 5-6-3 with its masks built independently, FjORD's
 per-step widths redrawn from each step's key), over ``test_scaffold_feddyn``'s rounds:
 ragged clients, step limits, a weight-0 client that trains, a round in which nobody counts,
-chunks of 2 (not dividing the cohort of 3) and 3; FjORD's draws also at chunk 1.
+chunks of 2 (not dividing the cohort of 3) and 3; FjORD's draws also at chunk 1. HeteroFL
+and FedRolex run both as masks and as dense programs per width level (``-dense``,
+``engine.groups``; ``test_dense_levels`` has the rest of that path).
 """
 
 from __future__ import annotations
@@ -140,9 +142,16 @@ def reference_rounds(x, keys, spec, *, draw: bool, rolling: bool, scaled: bool, 
 
 
 CASES = {
-    "heterofl": (heterofl(widths=WIDTHS, client_levels=LEVELS), dict(draw=False, rolling=False, scaled=True)),
-    "fedrolex": (fedrolex(widths=WIDTHS, client_levels=LEVELS), dict(draw=False, rolling=True, scaled=True)),
+    "heterofl": (heterofl(widths=WIDTHS, client_levels=LEVELS, dense_groups=False),
+                 dict(draw=False, rolling=False, scaled=True)),
+    "fedrolex": (fedrolex(widths=WIDTHS, client_levels=LEVELS, dense_groups=False),
+                 dict(draw=False, rolling=True, scaled=True)),
     "fjord": (fjord(widths=WIDTHS, client_levels=LEVELS), dict(draw=True, rolling=False, scaled=False)),
+    # Each level's clients as a dense program of the cut model (engine.groups).
+    "heterofl-dense": (heterofl(widths=WIDTHS, client_levels=LEVELS, dense_groups=True),
+                       dict(draw=False, rolling=False, scaled=True)),
+    "fedrolex-dense": (fedrolex(widths=WIDTHS, client_levels=LEVELS, dense_groups=True),
+                       dict(draw=False, rolling=True, scaled=True)),
 }
 
 

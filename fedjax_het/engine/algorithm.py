@@ -38,6 +38,7 @@ import numpy as np
 import optax
 from flax import struct
 
+from fedjax_het.engine.submodel import ClientCosts, SubModel
 from fedjax_het.models import Model
 from fedjax_het.typing import (
     Batch,
@@ -297,49 +298,6 @@ class CohortProbe:
     measure: Callable[..., PyTree]
     aggregator: Aggregator
     attach: Callable[[ServerState, PyTree], ServerState]
-
-
-@dataclasses.dataclass(frozen=True)
-class SubModel:
-    """Each client trains a sub-model of the params, as masks (``algorithms/submodels.py``).
-
-    In local step ``s`` the engine (``local.local_update``) asks ``step`` for the step's
-    ``(mask, factors)``: the model's forward pass sees ``params * factors`` (so the
-    gradient of a masked param is exactly 0), and the step's update is multiplied by
-    ``mask`` (so no optimizer state, momentum included, moves a masked param). The
-    client reports ``trained`` as ``ClientStats.trained``, which ``masked_mean`` reads:
-    each param is averaged over the clients that trained it.
-
-    Attributes:
-      step: ``(model, x, ctx, hyper, key) -> (mask, factors)``: ``x`` a batch of the
-        client's inputs (for its shapes), ``ctx`` the step's ``LocalContext``, ``key``
-        the step's own; ``mask`` 0/1 and ``factors`` (the mask times a scaler, or the
-        mask) are pytrees broadcastable to the params.
-      trained: ``(model, x, ctx, hyper) -> mask`` the params the client trained this
-        round (the union of its steps' masks, or more: FjORD sends its widest sub-model).
-    """
-
-    step: Callable[..., tuple[PyTree, PyTree]]
-    trained: Callable[..., PyTree]
-
-
-@dataclasses.dataclass(frozen=True)
-class ClientCosts:
-    """Each client's share of the full model's cost on the simulated schedule (1: the full
-    model), fixed for the run (a narrower sub-model's saving, ``algorithms/submodels.py``):
-    both schedules (``training.plan.plan_runs``, ``training.online.OnlineRound``) multiply
-    client ``k``'s step time by ``compute[k]``, its bytes both ways by ``transfer[k]``.
-
-    Attributes:
-      compute: ``[N]`` share of a full local step's FLOPs.
-      transfer: ``[N]`` share of the full payload's bytes, both ways.
-      work_kept: ``[N]`` in (0, 1], what the in-loop round reports as the client's
-        ``ClientStats.work_kept`` (FjORD's ``p_max``), or None.
-    """
-
-    compute: np.ndarray
-    transfer: np.ndarray
-    work_kept: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ from fedjax_het.data.federated import ClientArrays
 from fedjax_het.engine.algorithm import ClientStats, FederatedAlgorithm
 from fedjax_het.engine.client_store import ON_DEVICE, ClientStore, DeviceStore
 from fedjax_het.engine.cohort import StateTable, counted_slots, run_cohort
+from fedjax_het.engine.groups import run_grouped
 from fedjax_het.engine.local import (
     NO_STEP_LIMIT,
     ClientTask,
@@ -34,6 +35,7 @@ from fedjax_het.engine.local import (
     planned_steps,
     probe_client,
 )
+from fedjax_het.engine.submodel import DenseLevels
 from fedjax_het.models import Model
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import OK, Schedule
@@ -138,10 +140,12 @@ class Round:
             state = state.replace(server_state=probed)
         broadcast = algorithm.broadcast(state.server_state)
         steps = planned_steps(self.spec, train.count[ids], tasks.step_limit)
+        groups = self.dense_levels(stale is None and tasks.train_mask is None)
         # A synchronous cohort's ids are distinct: its states are read and written in the
         # table chunk by chunk. Stale slots may repeat a client; devices and the host
         # store gather the cohort's rows first and scatter them after.
-        in_place = stale is None and self.mesh is None and isinstance(self.store, DeviceStore)
+        in_place = (stale is None and self.mesh is None and isinstance(self.store, DeviceStore)
+                    and groups is None)
         table = StateTable(state.client_states, ids, self.store) if in_place else None
         if stale is None:
             client_fn = functools.partial(local_update, self.spec, hyper, broadcast, data=train)
@@ -151,11 +155,20 @@ class Round:
             client_fn = stale_client_fn(self.spec, hyper, state.ring, broadcast, train)
             inputs = (self.store.gather(state.client_states, ids), version % self.ring_depth,
                       round_idx - version)
-        sums, new_states, stats = run_cohort(
-            client_fn, inputs, tasks, algorithm.aggregator, chunk=self.chunk,
-            mesh=self.mesh, drop_nonfinite=self.drop_nonfinite, steps=steps, table=table,
-            proportional=self.proportional,
-        )
+        if groups is not None:
+            sums, new_states, stats = run_grouped(
+                [groups.client_fn(level, self.spec, hyper, broadcast, train)
+                 for level in range(groups.num_levels)],
+                groups.levels(broadcast, ids), inputs, tasks, algorithm.aggregator,
+                chunk=self.chunk, steps=steps, drop_nonfinite=self.drop_nonfinite,
+                proportional=self.proportional,
+            )
+        else:
+            sums, new_states, stats = run_cohort(
+                client_fn, inputs, tasks, algorithm.aggregator, chunk=self.chunk,
+                mesh=self.mesh, drop_nonfinite=self.drop_nonfinite, steps=steps, table=table,
+                proportional=self.proportional,
+            )
         server_state = algorithm.server_update(
             state.server_state, algorithm.aggregator.finalize(sums), hyper, server_key
         )
@@ -179,6 +192,16 @@ class Round:
         if algorithm.server_metrics is not None:
             metrics.update(algorithm.server_metrics(server_state))
         return RunState(server_state, client_states, state.ring), stats, metrics
+
+    def dense_levels(self, fresh: bool) -> DenseLevels | None:
+        """The algorithm's ``DenseLevels`` when its width levels run as dense programs
+        (``engine.groups``): a fresh synchronous cohort with no train masks, one device,
+        a model that can be cut (``Model.at_width``); else None (masks)."""
+        submodel = self.algorithm.submodel
+        groups = None if submodel is None else submodel.groups
+        one_device = self.mesh is None or self.mesh.size == 1
+        usable = fresh and one_device and self.spec.model.at_width is not None
+        return groups if usable else None
 
     def probed(
         self, server_state: ServerState, tasks: ClientTask, hyper: Hyper, train: DeviceSplit,

@@ -103,9 +103,9 @@ from fedjax_het.training.online import payload_bytes
 from fedjax_het.typing import Params
 
 __all__ = [
+    "Continuation",
     "GroupPlan",
     "Groups",
-    "Continuation",
     "Mediator",
     "MediatorHistory",
     "MediatorState",

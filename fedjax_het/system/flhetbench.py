@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
