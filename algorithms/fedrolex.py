@@ -57,7 +57,8 @@ def fedrolex(
       dense_groups: train each width level's clients as one dense program of the cut model
         (``engine.groups``: about the work the widths do, the results of masks within float
         rounding) where the engine can (a model with ``at_width``, one device, no train
-        masks); False: masks on the full model (every client costs full width in wall time).
+        masks; one program per level to compile, about twice the masks' compile time);
+        False: masks on the full model (every client costs full width in wall time).
 
     References:
       Alam et al., "FedRolex" (NeurIPS 2022), Eq. 3.
