@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import selection_runs
 
-from fedjax_het import config, models
+from fedjax_het import models
 from fedjax_het.algorithms import freezefl
 from fedjax_het.algorithms.freezefl import depth_masks
 from fedjax_het.data.batching import LocalWork
@@ -241,25 +242,15 @@ def mlp_gradient(params, x, y) -> dict[str, np.ndarray]:
 
 
 def test_a_config_runs_freezefl_with_its_selection_and_warm_restarts():
-    experiment = config.build(config.load(None, [
-        'data.name="synthetic"', "data.num_clients=8", "sampler.clients_per_round=3",
-        "model.name=logistic_regression", "rounds=5", "eval_every=5", "policy.kind=wait_all",
+    experiment = selection_runs.build(
+        "model.name=logistic_regression", "rounds=5", "eval_every=5",
         'algorithm.name="freezefl"', 'selection.name="freezefl"', "selection.restart_every=2",
-    ]))
+    )
     assert experiment.config["selection"] == {
         "name": "freezefl", "restart_every": 2, "warm_restarts": True, "ema": 0.5}
-    history = simulate.run(experiment.data, experiment.model, experiment.algorithm,
-                           experiment.sampler, **experiment.run_kwargs(), progress=False)
-    selected, valid = np.asarray(history.schedule.selected), np.asarray(history.schedule.valid)
-    for ids, ok in zip(selected, valid):
-        assert ok.sum() == 3 and len(set(ids[ok].tolist())) == 3
-    assert np.isfinite(history.summary["final_test_accuracy"])
+    selection_runs.run_with_distinct_cohorts(experiment)
 
 
 def test_a_bad_option_in_the_config_is_one_line():
-    with pytest.raises(config.ConfigError) as err:
-        config.build(config.load(None, [
-            'data.name="synthetic"', "data.num_clients=8", "sampler.clients_per_round=3",
-            "policy.kind=wait_all", 'selection.name="freezefl"', "selection.restart_every=0",
-        ]))
-    assert "restart_every" in str(err.value) and "\n" not in str(err.value)
+    selection_runs.assert_refused_in_one_line(
+        "restart_every", 'selection.name="freezefl"', "selection.restart_every=0")

@@ -14,12 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import selection_runs
 
-from fedjax_het import config
 from fedjax_het.sampling import rbcs_f
 from fedjax_het.sampling.rbcs_f import RBCSFState
 from fedjax_het.system.sampler import ClientRecord, ClientReport
-from fedjax_het.training import simulate
 
 N, K = 7, 3
 SECONDS = np.array([3.0, 1.0, 6.0, 2.0, 1.5, 4.0, 2.5])
@@ -162,22 +161,12 @@ def test_bad_options_are_refused_in_one_line(options, message):
 
 
 def test_a_config_runs_fedavg_with_rbcs_f():
-    experiment = config.build(config.load(None, [
-        'data.name="synthetic"', "data.num_clients=8", "sampler.clients_per_round=3",
-        "model.name=logistic_regression", "rounds=4", "eval_every=4", "policy.kind=wait_all",
+    experiment = selection_runs.build(
+        "model.name=logistic_regression", "rounds=4", "eval_every=4",
         "system.devices=lognormal", 'selection.name="rbcs_f"', "selection.tradeoff=5.0",
-    ]))
+    )
     assert experiment.config["selection"] == {
         "name": "rbcs_f", "tradeoff": 5.0, "fairness": 0.5, "confidence": 0.1, "ridge": 1.0}
-    history = simulate.run(experiment.data, experiment.model, experiment.algorithm,
-                           experiment.sampler, **experiment.run_kwargs(), progress=False)
-    selected, valid = np.asarray(history.schedule.selected), np.asarray(history.schedule.valid)
-    for ids, ok in zip(selected, valid):
-        assert ok.sum() == 3 and len(set(ids[ok].tolist())) == 3
-    assert np.isfinite(history.summary["final_test_accuracy"])
-    with pytest.raises(config.ConfigError) as err:
-        config.build(config.load(None, [
-            'data.name="synthetic"', "data.num_clients=8", "sampler.clients_per_round=3",
-            "policy.kind=wait_all", 'selection.name="rbcs_f"', "selection.fairness=2.0",
-        ]))
-    assert "fairness" in str(err.value) and "\n" not in str(err.value)
+    selection_runs.run_with_distinct_cohorts(experiment)
+    selection_runs.assert_refused_in_one_line(
+        "fairness", 'selection.name="rbcs_f"', "selection.fairness=2.0")
