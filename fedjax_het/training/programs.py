@@ -316,5 +316,8 @@ def _ring_bytes(
 
 def _ragged(spec, data: FederatedData) -> bool:
     """Whether the clients' full tasks take different numbers of steps (accelerators then
-    run the cohort in several chunks sorted by work: ``cohort.auto_chunk``)."""
+    run the cohort in several chunks sorted by work: ``cohort.auto_chunk``); not asked on
+    CPU, whose chunk does not depend on it."""
+    if jax.default_backend() == "cpu":
+        return False
     return len(np.unique(steps_needed(spec, data.train.count))) > 1
