@@ -44,6 +44,8 @@ class Availability:
       offset, count: ``[T]`` first row and number of intervals of each trace.
       period: ``[T]`` cycle length of each trace in seconds.
       ready_per_period: ``[T]`` ready seconds in one cycle.
+      longest: at least the most intervals of one trace (static), which bounds a query's
+        bisection (``log2(longest)`` steps); None: the number of rows.
 
     Queries read only rows ``offset[k] : offset[k] + count[k]`` of trace ``k``,
     so a builder may leave unused padding rows between traces.
@@ -56,6 +58,7 @@ class Availability:
     count: jax.Array
     period: jax.Array
     ready_per_period: jax.Array
+    longest: int | None = struct.field(pytree_node=False, default=None)
 
     @property
     def num_traces(self) -> int:
@@ -112,6 +115,7 @@ class Availability:
             count=jnp.asarray(count),
             period=jnp.asarray(periods.astype(dtype)),
             ready_per_period=jnp.asarray(np.asarray(totals, dtype)),
+            longest=int(count.max(initial=0)),
         )
 
 
@@ -129,13 +133,16 @@ def _merge(pairs: np.ndarray) -> np.ndarray:
     return np.asarray(out, np.float64)
 
 
-def _segment_search(values: jax.Array, lo: jax.Array, cnt: jax.Array, x: jax.Array, side: str):
-    """``searchsorted(values[lo:lo + cnt], x, side)`` by bisection in ``log2(len(values))`` steps.
+def _segment_search(values: jax.Array, lo: jax.Array, cnt: jax.Array, x: jax.Array, side: str,
+                    longest: int | None = None):
+    """``searchsorted(values[lo:lo + cnt], x, side)`` by bisection in ``log2(longest)`` steps
+    (``longest >= cnt``; None: ``len(values)``).
 
     ``values`` is sorted within the segment only, so a global ``searchsorted``
     cannot be used; the static step count keeps the query jit-able.
     """
-    steps = max(1, int(np.ceil(np.log2(values.shape[0] + 1))))
+    size = values.shape[0] if longest is None else min(longest, values.shape[0])
+    steps = max(1, int(np.ceil(np.log2(size + 1))))
 
     def body(_, bounds):
         left, right = bounds
@@ -151,7 +158,7 @@ def _segment_search(values: jax.Array, lo: jax.Array, cnt: jax.Array, x: jax.Arr
 
 def _trace_rows(av: Availability, trace: jax.Array, p: jax.Array, side: str) -> jax.Array:
     """``searchsorted`` of position ``p`` among the interval starts of ``trace``."""
-    return _segment_search(av.start, av.offset[trace], av.count[trace], p, side)
+    return _segment_search(av.start, av.offset[trace], av.count[trace], p, side, av.longest)
 
 
 def _locate(av: Availability, trace: jax.Array, t: jax.Array):
@@ -204,7 +211,8 @@ def finish_time(av: Availability, trace: jax.Array, t0: jax.Array, work: jax.Arr
     rem = jnp.where(at_edge, safe_total, rem)
     lo, cnt = av.offset[k], av.count[k]
     reach = av.ready_before + (av.end - av.start)  # ready seconds up to each interval's end
-    j = jnp.minimum(_segment_search(reach, lo, cnt, rem, "left"), jnp.maximum(cnt - 1, 0))
+    j = jnp.minimum(_segment_search(reach, lo, cnt, rem, "left", av.longest),
+                    jnp.maximum(cnt - 1, 0))
     row = lo + j
     t = cycle * av.period[k] + av.start[row] + (rem - av.ready_before[row])
     t = jnp.where(total > 0, t, jnp.inf)
@@ -275,4 +283,5 @@ def queryable(av: Availability) -> Availability:
         count=pad(av.count, 0),
         period=pad(av.period, 1),
         ready_per_period=pad(av.ready_per_period, 0),
+        longest=av.longest,
     )

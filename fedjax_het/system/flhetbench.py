@@ -294,18 +294,31 @@ def _r_rows(profiles, policy, key, payload, steps_needed, costs, cap, *, cohort_
     return jax.vmap(one)(*_rows(profiles, payload, steps_needed, costs, device, inter))
 
 
+T_BATCH = 3  # T-metric rows per vmap: each batch's loop runs to its own longest row
+
+
 def _t_rows(profiles, policy, key, payload, steps_needed, costs, *, cohort_size, trips,
             max_rounds, device, inter) -> jax.Array:  # fmt: skip
-    """Seconds of the T-metric run of each row of ``_rows`` (one ``vmap``), ``[V]``."""
+    """Seconds of the T-metric run of each row of ``_rows``, ``[V]``: ``T_BATCH`` rows a
+    ``vmap``, the batches one after another (``lax.map``). A row's run ends when its trips
+    are done, after 500 to 2,224 rounds in the README's example; one ``vmap`` of all rows
+    ran every row to the longest, twice the rounds of batches of 3 (the same values)."""
     base = profiles.replace(dropout=jnp.zeros_like(profiles.dropout))
 
-    def one(step_time, trace, steps, payload):
+    def one(row):
+        step_time, trace, steps, payload = row
         variant = base.replace(step_time=step_time, trace=trace)
         return _readiness_rounds(
             variant, policy, key, steps, payload, cohort_size, trips, max_rounds
         )
 
-    return jax.vmap(one)(*_rows(profiles, payload, steps_needed, costs, device, inter))
+    rows = _rows(profiles, payload, steps_needed, costs, device, inter)
+    count = rows[0].shape[0]
+    batch = min(T_BATCH, count)
+    padded = -(-count // batch) * batch  # no remainder batch: one body to compile
+    rows = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], padded - count, 0)]),
+                        rows)
+    return jax.lax.map(one, rows, batch_size=batch)[:count]
 
 
 _R_STATIC, _T_STATIC = ("cohort_size", "rounds", *_ROWS), (*_READINESS_STATIC, *_ROWS)

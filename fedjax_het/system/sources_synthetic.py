@@ -96,6 +96,7 @@ def _padded_availability(start, end, count, period) -> Availability:
         count=count.astype(jnp.int32),
         period=period,
         ready_per_period=length.sum(axis=1),
+        longest=width,
     )
 
 
