@@ -75,10 +75,10 @@ from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.schedule import (
     OK,
-    SCHEDULE_COMPILE,
     Schedule,
     plan_round,
     schedule,
+    schedule_jit,
     select_among_ready,
 )
 from fedjax_het.typing import PRNGKey
@@ -325,11 +325,10 @@ _R_STATIC, _T_STATIC = ("cohort_size", "rounds", *_ROWS), (*_READINESS_STATIC, *
 # Jitted so that they nest in a caller's jit; ``all_metrics``, a top-level call by nature,
 # compiles them with ``SCHEDULE_COMPILE`` (options a nested jit may not have).
 _JITTED = {
-    top: (
-        jax.jit(_r_rows, static_argnames=_R_STATIC, **options),
-        jax.jit(_t_rows, static_argnames=_T_STATIC, **options),
-    )
-    for top, options in ((False, {}), (True, {"compiler_options": SCHEDULE_COMPILE}))
+    False: (jax.jit(_r_rows, static_argnames=_R_STATIC),
+            jax.jit(_t_rows, static_argnames=_T_STATIC)),
+    True: (schedule_jit(_r_rows, static_argnames=_R_STATIC),
+           schedule_jit(_t_rows, static_argnames=_T_STATIC)),
 }
 
 

@@ -128,7 +128,7 @@ def plan_runs(
     batched = jax.vmap(
         lambda profiles, policy, key: make(profiles, policy, key=key), in_axes=(axes, 0, 0)
     )
-    plans = jax.jit(batched, compiler_options=scheduling.SCHEDULE_COMPILE)(profiles, policy, keys)
+    plans = scheduling.schedule_jit(batched)(profiles, policy, keys)
     for i, system in enumerate(systems):
         _check_someone_ready(system, jax.tree.map(lambda a, i=i: a[i], plans))
     return plans
