@@ -192,6 +192,11 @@ def test_against_the_release_loop_on_a_random_case():
     s = fb.deadline_run(p, key=key, mc=MC)
     successes, clocks = np_monte_carlo(traces, round_trip, MC, "deadline")
     np.testing.assert_array_equal(fb.participation_counts(s, N), successes)
+    on_host = fb.participation_counts(jax.device_get(s), N)  # counted in numpy
+    assert isinstance(on_host, np.ndarray) and on_host.dtype == np.int32
+    np.testing.assert_array_equal(on_host, successes)
+    np.testing.assert_array_equal(fb.participation_counts(jax.device_get(s), N, successful=False),
+                                  fb.participation_counts(s, N, successful=False))
     np.testing.assert_allclose(s.clock, clocks, rtol=1e-5)
     assert 0 < successes.sum() < MC.rounds * N and np.any(~np.asarray(s.valid))  # not trivial
     cap = MC.rounds * N / N

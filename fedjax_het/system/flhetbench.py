@@ -137,8 +137,11 @@ class MonteCarlo:
 
 
 def participation_counts(s: Schedule, num_clients: int, *, successful: bool = True) -> jax.Array:
-    """Per-client number of OK slots (``successful``) or of selections in a schedule, ``[N]``."""
+    """Per-client number of OK slots (``successful``) or of selections in a schedule, ``[N]``
+    (int32; a host schedule, ``jax.device_get``'s, is counted in numpy: nothing compiles)."""
     counted = (s.outcome == OK) if successful else s.valid
+    if isinstance(s.selected, np.ndarray):
+        return np.bincount(s.selected[counted], minlength=num_clients).astype(np.int32)
     return (
         jnp.zeros((num_clients,), jnp.int32)
         .at[s.selected.ravel()]

@@ -21,7 +21,7 @@ from fedjax_het import results
 from fedjax_het.system import flhetbench, plots
 from fedjax_het.system.availability import ALWAYS
 from fedjax_het.system.profiles import ClientProfiles
-from fedjax_het.system.schedule import OK, OUTCOMES, Schedule
+from fedjax_het.system.schedule import OUTCOMES, Schedule
 
 ORDER = ("DevMC-R", "StatMC-R", "InterMC-R", "DevMC-T", "StatMC-T", "InterMC-T")
 
@@ -42,8 +42,7 @@ def schedule_summary(s: Schedule, num_clients: int) -> dict[str, Any]:
     s = jax.device_get(s)
     valid = np.asarray(s.valid)
     outcome = np.asarray(s.outcome)[valid]
-    ok = np.asarray(s.outcome) == OK
-    counts = np.bincount(np.asarray(s.selected)[ok], minlength=num_clients)
+    counts = flhetbench.participation_counts(s, num_clients)
     duration = np.asarray(s.duration, np.float64)
     return {
         "rounds": int(duration.size),
