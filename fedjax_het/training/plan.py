@@ -200,10 +200,6 @@ def selection_slots(system: System, sampler: Sampler, num_clients: int) -> int |
     return None if slots == m and (always or not system.policy.availability_aware) else slots
 
 
-def _traced(x) -> bool:
-    return isinstance(x, jax.core.Tracer)
-
-
 def _stack_systems(systems: Sequence[System]):
     """The systems' profiles (one shared availability store) and policies, stacked."""
     stores = [jax.tree.leaves(s.profiles.availability) for s in systems]
@@ -213,7 +209,8 @@ def _stack_systems(systems: Sequence[System]):
     ):
         raise ValueError("the systems must share one availability store (index its traces)")
     try:
-        stack = lambda *xs: jnp.stack(xs) if any(map(_traced, xs)) else np.stack(xs)
+        traced = lambda xs: any(isinstance(x, jax.core.Tracer) for x in xs)
+        stack = lambda *xs: jnp.stack(xs) if traced(xs) else np.stack(xs)  # numpy: no compile
         profiles = jax.tree.map(
             stack, *[s.profiles.replace(availability=None) for s in systems]
         ).replace(availability=systems[0].profiles.availability)
