@@ -44,8 +44,8 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = tuple(
     for layer, title, members, allowed in (
         (
             "entry",
-            "front door",
-            "fedjax_het _moved cli compare config explain grid sweep",
+            "front door (fedjax_het.front)",
+            "fedjax_het front",
             "gandalf training algorithms transforms sampling engine system data foundation",
         ),
         (
@@ -61,7 +61,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = tuple(
         ("sampling", "fedjax_het.sampling", "sampling", "system foundation"),
         ("system", "fedjax_het.system", "system", "data foundation"),
         ("data", "fedjax_het.data", "data", "foundation"),
-        ("foundation", "foundation", "typing rng registry models results configuring model_schema", ""),
+        ("foundation", "foundation", "typing rng registry models results schema", ""),
     )
 )
 GROUPS = tuple((layer, title, members) for layer, title, members, _ in LAYERS)

@@ -56,9 +56,9 @@ import jax
 import numpy as np
 
 from fedjax_het import algorithms, rng
-from fedjax_het import config as config_lib
 from fedjax_het.algorithms import optimizers
 from fedjax_het.data.diagnostics import gini
+from fedjax_het.front import config as config_lib
 from fedjax_het.system import events, setup
 from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.training import simulate

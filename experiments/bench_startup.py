@@ -5,7 +5,7 @@ compile nothing it compiled before (``engine.compile_cache``,
 ``fedjax_het.training.compilation``). Each measurement is a fresh process running
 ``fedjax-het run --set rounds=R --no-progress`` (the default experiment: the
 784-200-200-10 MLP, FedAvg on the shipped Fashion-MNIST subset, 10 clients a
-round, eval_every = 10), through ``fedjax_het.cli.main`` exactly as the
+round, eval_every = 10), through ``fedjax_het.front.cli.main`` exactly as the
 command runs, with timestamps taken in the child:
 
 * ``off``: ``engine.compile_cache = false`` (every program compiled; the baseline);
@@ -53,12 +53,12 @@ from fedjax_het import results
 DEFAULT_OUT = common.BENCH_RESULTS / "startup-cpu.jsonl"
 TARGET_S = 2.0  # the target: a warm run's first round within 2 s of process start
 
-# The child: `fedjax-het run` (fedjax_het.cli.main), with timestamps. Its first argument is
+# The child: `fedjax-het run` (fedjax_het.front.cli.main), with timestamps. Its first argument is
 # where it writes them; the rest is the command line.
 CHILD = r"""
 import json, sys, time
 T = {"start": time.time()}
-from fedjax_het import cli, config as config_lib
+from fedjax_het.front import cli, config as config_lib
 from fedjax_het.training import simulate
 from fedjax_het.data import diagnostics
 import jax

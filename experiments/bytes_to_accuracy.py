@@ -30,8 +30,8 @@ from typing import Any
 import common
 import numpy as np
 
-from fedjax_het import config as config_lib
-from fedjax_het.sweep import Cell, sweep
+from fedjax_het.front import config as config_lib
+from fedjax_het.front.sweep import Cell, sweep
 
 OUT = common.RESULTS / "bytes_to_accuracy"
 UP = "compression.upload="

@@ -33,8 +33,9 @@ import common
 import jax
 import numpy as np
 
-from fedjax_het import config, results, rng
+from fedjax_het import results, rng
 from fedjax_het.engine.client_store import format_bytes
+from fedjax_het.front import config
 from fedjax_het.training import checkpoint, simulate
 
 CASES = {

@@ -23,7 +23,7 @@
 #                varies into ~8 sorted chunks on accelerators); 5 timed rounds at most,
 #                timing stops past 2 s after 3; rows written per cell as they are measured
 #   invariance   pytest tests/test_engine_invariance.py (skipped, and said, without pytest)
-#   experiment   the default experiment (python3 -m fedjax_het.cli run); SIGTERM at its
+#   experiment   the default experiment (python3 -m fedjax_het.front.cli run); SIGTERM at its
 #                limit makes it write the rounds done so far
 #   summary      the targets over every throughput row (bench_throughput.py --evaluate)
 #
@@ -284,7 +284,7 @@ else
 fi
 
 # 5. the default experiment
-run_stage experiment "$CAP_EXPERIMENT" "$PY" -m fedjax_het.cli run --out "$WORK/run" \
+run_stage experiment "$CAP_EXPERIMENT" "$PY" -m fedjax_het.front.cli run --out "$WORK/run" \
     --no-progress ${EXPERIMENT[@]+"${EXPERIMENT[@]}"}
 for name in summary.json metrics.jsonl; do
     [ -f "$WORK/run/$name" ] && cp "$WORK/run/$name" "$OUT/experiment-$name"

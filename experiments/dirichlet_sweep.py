@@ -53,9 +53,9 @@ from typing import Any
 import common
 import numpy as np
 
-from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
 from fedjax_het.data import diagnostics
+from fedjax_het.front import config as config_lib
 from fedjax_het.training import simulate
 
 DEFAULT_OUT = common.RESULTS / "dirichlet_sweep"

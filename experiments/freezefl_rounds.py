@@ -33,10 +33,10 @@ import common
 import jax
 import numpy as np
 
-from fedjax_het import config as config_lib
 from fedjax_het.algorithms import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks, freezefl
 from fedjax_het.data.batching import LocalWork
+from fedjax_het.front import config as config_lib
 from fedjax_het.system import setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate

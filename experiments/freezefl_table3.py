@@ -70,10 +70,10 @@ import jax
 import numpy as np
 from freezefl_rounds import EPOCHS
 
-from fedjax_het import config as config_lib
 from fedjax_het.algorithms import fedrolex, fjord, heterofl
 from fedjax_het.algorithms.submodels import levels_by_speed
 from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het.front import config as config_lib
 from fedjax_het.training import simulate
 from fedjax_het.training.divergence import Diverged
 

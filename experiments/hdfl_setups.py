@@ -102,9 +102,9 @@ import common
 import jax
 import numpy as np
 
-from fedjax_het import config as config_lib
 from fedjax_het.data import catalog
 from fedjax_het.data.quantity_skew import lognormal_sizes
+from fedjax_het.front import config as config_lib
 from fedjax_het.sampling import uniform
 from fedjax_het.sampling.hdfl import hdfl, ls_fl
 from fedjax_het.sampling.oort import oort
@@ -161,7 +161,7 @@ ROUNDS = {"femnist": 400, "cifar": 400, "shakespeare": 400}
 
 
 def experiment(spec: SetupSpec) -> config_lib.Experiment:
-    """The data, model, algorithm and local work of ``spec`` (``fedjax_het.config``)."""
+    """The data, model, algorithm and local work of ``spec`` (``fedjax_het.front.config``)."""
     sets = [
         f"data.num_clients={spec.num_clients}",
         f"sampler.clients_per_round={spec.per_round}",

@@ -33,8 +33,8 @@ from typing import Any
 
 import common
 
-from fedjax_het import config as config_lib
-from fedjax_het.sweep import sweep
+from fedjax_het.front import config as config_lib
+from fedjax_het.front.sweep import sweep
 
 OUT = common.RESULTS / "personalisation"
 ALGORITHMS = ("fedavg", "fedprox", "scaffold", "feddyn", "qffl", "ditto", "fedper", "ifca")

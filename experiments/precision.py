@@ -1,6 +1,6 @@
 """The default experiment trained locally in float32 and in bfloat16.
 
-Both use ``fedjax_het.config.DEFAULTS`` (Fashion-MNIST subset, 100 Dirichlet-0.5
+Both use ``fedjax_het.front.config.DEFAULTS`` (Fashion-MNIST subset, 100 Dirichlet-0.5
 clients, 784-200-200-10 MLP, FedAvg, 10 clients a round, one epoch of batch 20,
 200 rounds), the same seed, in the same process. In bfloat16 the model's
 forward and backward passes run on bfloat16 casts of the float32 master params
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_het import config, results
+from fedjax_het import results
+from fedjax_het.front import config
 from fedjax_het.training import simulate
 
 OUT = Path(__file__).parent / "results" / "precision.json"

@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import config as config_lib
 from fedjax_het import results as run_results
-from fedjax_het.sweep import Cell, sweep
+from fedjax_het.front import config as config_lib
+from fedjax_het.front.sweep import Cell, sweep
 from fedjax_het.transforms import privacy
 
 OUT = common.RESULTS / "privacy_utility"

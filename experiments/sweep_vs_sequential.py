@@ -7,7 +7,7 @@ in one process, for 4 client learning rates x 4 seeds of a small W1-like run
 subset, IID over 200 clients of 66 examples, 10 clients a round, batch 16, one
 local epoch: 5 steps; FedAvg).
 
-The cells come from ``fedjax_het.grid.plan`` (validated, one program). The
+The cells come from ``fedjax_het.front.grid.plan`` (validated, one program). The
 sweep runs in its two modes (``sweep.sweep``'s ``cell_batch``): ``map``, one
 cell at a time inside the program (``lax.map``, the CPU default), and
 ``vmap``, all 16 cells as one ``vmap`` (the accelerator default). Three
@@ -53,8 +53,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import grid, results, rng
-from fedjax_het.sweep import Cell, sweep
+from fedjax_het import results, rng
+from fedjax_het.front import grid
+from fedjax_het.front.sweep import Cell, sweep
 from fedjax_het.training import simulate
 
 OUT = common.BENCH_RESULTS / "sweep-vs-sequential-cpu.jsonl"

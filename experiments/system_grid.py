@@ -13,7 +13,7 @@ settings of FLHetBench's interplay grid (Zhang et al., CVPR 2024, §5.2.3):
 * rounds start at trace time ``--start`` (86,400 s, the second midnight; at 0 only ~2 % of the
   traces are ready), pause while a device is not ready, and select among the ready clients.
 
-Two round policies, each a grid of 16 cells run by ``fedjax_het.sweep.sweep`` as one
+Two round policies, each a grid of 16 cells run by ``fedjax_het.front.sweep.sweep`` as one
 ``vmap``-ed program: a ``--deadline`` (late work dropped) and readiness ``r = 0.2`` (the round
 ends at the 80th percentile of finish times; the slowest clients are stragglers left out).
 
@@ -44,8 +44,8 @@ import common
 import jax
 import numpy as np
 
-from fedjax_het import config as config_lib
-from fedjax_het.sweep import sweep
+from fedjax_het.front import config as config_lib
+from fedjax_het.front.sweep import sweep
 from fedjax_het.system import flhetbench, setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate

@@ -8,7 +8,7 @@ Layout of ``out_dir``::
     arrays.npz       per-round and per-client arrays
     curves.png       test accuracy and losses against rounds
 
-``load(out_dir)`` reads one back as a :class:`RunRecord` (``fedjax_het.compare`` compares
+``load(out_dir)`` reads one back as a :class:`RunRecord` (``fedjax_het.front.compare`` compares
 several).
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedjax_het import config
+from fedjax_het.front import config
 from fedjax_het.training import simulate
 
 SMALL = ('data.name="synthetic"', "data.num_clients=8", "sampler.clients_per_round=3",

@@ -34,7 +34,7 @@ from cohort_reference import (
 from fedjax_het import rng
 from fedjax_het.algorithms.agnostic_fedavg import agnostic_fedavg, domain_step
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.config import ConfigError, build, load
+from fedjax_het.front.config import ConfigError, build, load
 
 LR, SERVER_LR = base.CLIENT_LR, base.SERVER_LR
 SETTINGS = {  # domains, rule, γ

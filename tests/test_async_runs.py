@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_het import cli
+from fedjax_het.front import cli
 
 CONFIG = """
 rounds = 6

@@ -1,6 +1,6 @@
 """The bad-input corpus (issue 15): an impossible input is one line on stderr and exit code 2.
 
-Every case goes through ``fedjax_het.cli.main`` in this process, as a user
+Every case goes through ``fedjax_het.front.cli.main`` in this process, as a user
 meets it. A case passes when the command returns its code, prints exactly one
 line on stderr that names the key or the path, no traceback and nothing on
 stdout, and leaves no output directory behind: the error came before a run
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_het import cli, config, models, registry
+from fedjax_het import models, registry
 from fedjax_het.data import catalog, feature_skew, partitioners
+from fedjax_het.front import cli, config
 
 # A check that regressed lets the run start: one round then fails fast instead of training 200.
 SHORT = ("rounds=1", "eval_every=1")

@@ -19,9 +19,9 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import cli, config
+from fedjax_het.front import cli, config
+from fedjax_het.front.sweep import Cell, sweep
 from fedjax_het.results import NotWritten, OutDirError
-from fedjax_het.sweep import Cell, sweep
 from fedjax_het.training import checkpoint, simulate
 from fedjax_het.training.interrupt import Interrupted
 
@@ -52,7 +52,7 @@ def interactive():
 # ``fedjax-het`` in a child process with SIGINT handled as in a terminal (a child inherits an
 # ignored SIGINT; ``preexec_fn`` would fork a multithreaded JAX process).
 FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                   "sys.argv[0] = 'fedjax-het'; runpy.run_module('fedjax_het.cli', run_name='__main__')")
+                   "sys.argv[0] = 'fedjax-het'; runpy.run_module('fedjax_het.front.cli', run_name='__main__')")
 
 
 def experiment(*extra: str) -> config.Experiment:

@@ -5,7 +5,7 @@ import tomllib
 
 import pytest
 
-from fedjax_het import cli
+from fedjax_het.front import cli
 
 TINY = [
     "--set", 'data.name="synthetic"', "--set", "data.num_clients=6",

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import config, models, rng
+from fedjax_het import models, rng
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.data import FederatedData, LocalWork
 from fedjax_het.engine import local
@@ -33,7 +33,8 @@ from fedjax_het.engine.client_store import (
     plan_client_state,
 )
 from fedjax_het.engine.round import Round, device_split, init_state
-from fedjax_het.sweep import sweep
+from fedjax_het.front import config
+from fedjax_het.front.sweep import sweep
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.training.loop import train_loop
 from fedjax_het.training.programs import Setup

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_het import cli, compare, results
+from fedjax_het import results
+from fedjax_het.front import cli, compare
 
 SYSTEM = [
     "rounds=6", "eval_every=3", "data.num_clients=12", "sampler.clients_per_round=4",

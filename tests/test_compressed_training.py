@@ -27,10 +27,10 @@ import test_scaffold_feddyn as reference
 from fedjax_het import models
 from fedjax_het.algorithms import fedavg, scaffold
 from fedjax_het.algorithms.freezefl import freezefl
-from fedjax_het.config import ConfigError, build, load
 from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.engine.algorithm import ClientStats
+from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.training import simulate

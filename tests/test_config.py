@@ -5,7 +5,8 @@ import tomllib
 import numpy as np
 import pytest
 
-from fedjax_het import config, results
+from fedjax_het import results
+from fedjax_het.front import config
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3",

@@ -3,7 +3,7 @@ an ``--out`` holding a report kept unless ``--overwrite``."""
 
 from pathlib import Path
 
-from fedjax_het import cli
+from fedjax_het.front import cli
 
 SMALL = ["--set", 'data.name="synthetic"', "--set", "data.num_clients=6",
          "--set", "sampler.clients_per_round=2", "--set", "rounds=4"]  # fmt: skip

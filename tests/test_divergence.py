@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_het import cli, config, models
+from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data import FederatedData, LocalWork
+from fedjax_het.front import cli, config
 from fedjax_het.sampling import uniform
 from fedjax_het.training import simulate
 from fedjax_het.training.divergence import Diverged, first_divergence

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import cli
-from fedjax_het import config as config_lib
-from fedjax_het.sweep import sweep
+from fedjax_het.front import cli
+from fedjax_het.front import config as config_lib
+from fedjax_het.front.sweep import sweep
 from fedjax_het.training import compilation, simulate
 
 TINY = ['data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3",
@@ -203,7 +203,7 @@ def _cli_run(tmp_path: Path, name: str, cache: Path, *overrides: str) -> dict:
     sets = [a for s in [*TINY, *overrides] for a in ("--set", s)]
     env = {**os.environ, "FEDJAX_HET_CACHE_DIR": str(cache)}
     done = subprocess.run(
-        [sys.executable, "-m", "fedjax_het.cli", "run", *sets, "--out", str(out),
+        [sys.executable, "-m", "fedjax_het.front.cli", "run", *sets, "--out", str(out),
          "--no-progress"], env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert done.returncode == 0, done.stderr

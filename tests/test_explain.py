@@ -5,9 +5,10 @@ import tomllib
 
 import pytest
 
-from fedjax_het import cli, config, explain, registry
-from fedjax_het.configuring import documented
+from fedjax_het import registry
+from fedjax_het.front import cli, config, explain
 from fedjax_het.gandalf.pipeline import MEDIATED
+from fedjax_het.schema import documented
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3",

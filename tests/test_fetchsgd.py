@@ -16,9 +16,9 @@ import pytest
 
 from fedjax_het import models
 from fedjax_het.algorithms.fetchsgd import CountSketch, fetchsgd
-from fedjax_het.config import ConfigError, build, load
 from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.sampling import uniform
 from fedjax_het.training import simulate
 

@@ -23,9 +23,9 @@ import fedjax_het
 from fedjax_het import algorithms, models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.algorithms.freezefl import freezefl
-from fedjax_het.config import ConfigError, build, load
 from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.sampling import power_of_choice, uniform
 from fedjax_het.system import setup
 from fedjax_het.training import simulate

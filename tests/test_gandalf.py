@@ -208,7 +208,7 @@ CLI_SETS = ("data.name='synthetic'", "data.num_clients=8", "sampler.clients_per_
 
 
 def _cli(*args: str) -> int:
-    from fedjax_het import cli
+    from fedjax_het.front import cli
 
     sets = [a for item in CLI_SETS for a in ("--set", item)]
     return cli.main([*args, *sets])
@@ -225,7 +225,7 @@ def test_the_cli_runs_mediated_algorithms_and_their_config_reproduces_them(name,
     assert (summary["synthetic_rows"] > 0) == (name == "gandalf")
     lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
-    from fedjax_het import cli
+    from fedjax_het.front import cli
 
     assert cli.main(["run", str(tmp_path / "a" / "config.toml"), "--out", str(tmp_path / "b"),
                      "--no-progress"]) == 0

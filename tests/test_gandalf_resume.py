@@ -14,7 +14,8 @@ import signal
 import numpy as np
 import pytest
 
-from fedjax_het import cli, results
+from fedjax_het import results
+from fedjax_het.front import cli
 from fedjax_het.training import checkpoint
 
 SETS = ("data.name='synthetic'", "data.num_clients=8", "sampler.clients_per_round=4",

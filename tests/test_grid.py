@@ -10,10 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import cli, grid
-from fedjax_het import config as config_lib
-from fedjax_het.config import ConfigError
-from fedjax_het.sweep import Cell, sweep
+from fedjax_het.front import cli, grid
+from fedjax_het.front import config as config_lib
+from fedjax_het.front.config import ConfigError
+from fedjax_het.front.sweep import Cell, sweep
 from fedjax_het.training import simulate
 
 TINY = [

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import config, rng
+from fedjax_het import rng
 from fedjax_het.engine.cohort import CLIENTS, client_mesh, run_cohort
 from fedjax_het.engine.local import ClientTask, local_update
-from fedjax_het.sweep import sweep
+from fedjax_het.front import config
+from fedjax_het.front.sweep import sweep
 from fedjax_het.training import simulate
 
 RTOL, ATOL = 1e-5, 1e-6

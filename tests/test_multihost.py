@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_het import cli, config
+from fedjax_het.front import cli, config
 from fedjax_het.training import simulate
 
 TINY = [
@@ -42,7 +42,7 @@ def launch(process_id: int, port: int, out) -> subprocess.Popen:
            "JAX_PLATFORMS": "cpu"}
     args = [arg for s in sets for arg in ("--set", s)]
     return subprocess.Popen(
-        [sys.executable, "-m", "fedjax_het.cli", "run", *args, "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "fedjax_het.front.cli", "run", *args, "--out", str(out), "--no-progress"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

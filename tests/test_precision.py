@@ -19,12 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import config, models, rng
+from fedjax_het import models, rng
 from fedjax_het.algorithms import fedavg, fedprox
 from fedjax_het.data import FederatedData, LocalWork
 from fedjax_het.engine import local
 from fedjax_het.engine.algorithm import model_loss
 from fedjax_het.engine.round import Round, device_split, init_state
+from fedjax_het.front import config
 from fedjax_het.sampling import uniform
 
 WORK = LocalWork(batch_size=8, epochs=2)

@@ -30,8 +30,8 @@ import test_scaffold_feddyn as reference
 
 from fedjax_het import rng
 from fedjax_het.algorithms import fedavg, scaffold
-from fedjax_het.config import ConfigError, build, load
 from fedjax_het.engine.round import server_stream
+from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.transforms import privacy
 from fedjax_het.transforms.privacy import ClippedUpdate, add_noise, clip, epsilon, private
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het.configuring import ConfigError
+from fedjax_het.schema import ConfigError
 from fedjax_het.system import policy as policies
 from fedjax_het.system.availability import Availability
 from fedjax_het.system.profiles import ClientProfiles

@@ -6,7 +6,7 @@ temporary folder, line by line as written, except that:
 
 - ``fedjax-het run`` and ``sweep`` get ``--set rounds=2 --set eval_every=1 --no-progress`` and
   ``hetero describe`` fewer Monte-Carlo draws; commands run in this process through
-  ``fedjax_het.cli.main`` and must exit with 0;
+  ``fedjax_het.front.cli.main`` and must exit with 0;
 - the other shell lines (those that write the files a command reads) run in ``bash``;
 - ``ssh HOST "CMD"`` runs ``CMD`` on this machine, in a process of its own, with the
   coordinator's address moved to a free port on localhost;
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_het import cli, config
+from fedjax_het.front import cli, config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -174,7 +174,7 @@ def start_processes(commands: list[Command], folder: Path) -> None:
     }
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "fedjax_het.cli", *on_localhost(shortened(c.argv), port)],
+            [sys.executable, "-m", "fedjax_het.front.cli", *on_localhost(shortened(c.argv), port)],
             cwd=folder / c.cwd,
             env=env,
             stdout=subprocess.PIPE,

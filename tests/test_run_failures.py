@@ -20,9 +20,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import cli, config, models, results, rng
+from fedjax_het import models, results, rng
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data import FederatedData, LocalWork
+from fedjax_het.front import cli, config
 from fedjax_het.sampling import uniform
 from fedjax_het.training import checkpoint, simulate
 from fedjax_het.training.interrupt import Interrupted
@@ -65,7 +66,7 @@ WALL = (
 # ``fedjax-het`` in a child process with SIGINT handled as in a terminal (test_checkpoint.py).
 FROM_A_TERMINAL = (
     "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "sys.argv[0] = 'fedjax-het'; runpy.run_module('fedjax_het.cli', run_name='__main__')"
+    "sys.argv[0] = 'fedjax-het'; runpy.run_module('fedjax_het.front.cli', run_name='__main__')"
 )
 
 
@@ -312,7 +313,7 @@ LIMIT = 4096
 FILE_SIZE_LIMITED = (
     "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
     f"resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT}, {LIMIT})); "
-    "sys.argv[0] = 'fedjax-het'; runpy.run_module('fedjax_het.cli', run_name='__main__')"
+    "sys.argv[0] = 'fedjax-het'; runpy.run_module('fedjax_het.front.cli', run_name='__main__')"
 )
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from fedjax_het import config, rng
+from fedjax_het import rng
+from fedjax_het.front import config
 from fedjax_het.system import schedule
 from fedjax_het.training import simulate
 

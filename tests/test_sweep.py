@@ -10,8 +10,8 @@ from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.front.sweep import sweep
 from fedjax_het.sampling import uniform
-from fedjax_het.sweep import sweep
 from fedjax_het.system import setup
 from fedjax_het.training import simulate
 

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import cli
-from fedjax_het import config as config_lib
+from fedjax_het.front import cli
+from fedjax_het.front import config as config_lib
 from fedjax_het.system import availability, sources
 
 N = 6  # clients of the tiny config

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import config, explain
-from fedjax_het.configuring import ConfigError
+from fedjax_het.front import config, explain
+from fedjax_het.schema import ConfigError
 
 N = 8
 

@@ -11,7 +11,7 @@ Two kinds of dataset:
   the data; ``[partition]`` must be absent. ``num_clients = 0`` keeps them all.
 
 ``DATASETS`` maps a name to its builder; a builder's keyword arguments are the
-keys its config table accepts (checked by ``fedjax_het.config``).
+keys its config table accepts (checked by ``fedjax_het.front.config``).
 """
 
 from __future__ import annotations

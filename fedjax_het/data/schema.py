@@ -12,7 +12,10 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fedjax_het.configuring import (
+from fedjax_het.data import catalog, feature_skew, partitioners
+from fedjax_het.data.batching import LocalWork
+from fedjax_het.data.federated import FederatedData
+from fedjax_het.schema import (
     ConfigError,
     Key,
     arguments,
@@ -24,9 +27,6 @@ from fedjax_het.configuring import (
     resolved,
     signature_keys,
 )
-from fedjax_het.data import catalog, feature_skew, partitioners
-from fedjax_het.data.batching import LocalWork
-from fedjax_het.data.federated import FederatedData
 
 DEFAULTS: dict[str, Any] = {
     "data": {"name": "fashion_mnist", "num_clients": 100},

@@ -52,7 +52,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.configuring import ConfigError
 from fedjax_het.engine.client_store import (
     StatePlan,
     available_memory,
@@ -63,6 +62,7 @@ from fedjax_het.engine.client_store import (
 from fedjax_het.engine.cohort import auto_chunk, effective_chunk
 from fedjax_het.engine.local import ClientTask, DeviceSplit, LocalSpec, local_update
 from fedjax_het.models import Model
+from fedjax_het.schema import ConfigError
 from fedjax_het.typing import Hyper
 
 SOURCES = ("auto", "xla", "analytic")

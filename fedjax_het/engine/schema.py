@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedjax_het import registry
-from fedjax_het.configuring import (
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.schema import (
     ConfigError,
     Key,
     arguments,
@@ -27,7 +28,6 @@ from fedjax_het.configuring import (
     signature_keys,
     unknown,
 )
-from fedjax_het.engine.algorithm import FederatedAlgorithm
 
 DEFAULTS: dict[str, Any] = {"algorithm": {"name": "fedavg", "client_lr": 0.05}}
 TABLES: dict[str, str] = {

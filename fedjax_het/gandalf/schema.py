@@ -9,9 +9,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from fedjax_het.configuring import ConfigError, Key, dataclass_keys, guarded, registered
 from fedjax_het.engine import schema as algorithm_schema
 from fedjax_het.gandalf.pipeline import MEDIATED, GandalfOptions, gandalf_options
+from fedjax_het.schema import ConfigError, Key, dataclass_keys, guarded, registered
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(GandalfOptions) if f.name != "gan")
 """The keys of [algorithm] that are mediator options (``gan`` follows from the name)."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedjax_het import registry
-from fedjax_het.configuring import (
+from fedjax_het.schema import (
     ConfigError,
     Key,
     arguments,

@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het.configuring import ConfigError
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.local import NO_STEP_LIMIT, LocalSpec, planned_steps
 from fedjax_het.models import Model
+from fedjax_het.schema import ConfigError
 from fedjax_het.system import events as event_schedule
 from fedjax_het.system import schedule as scheduling
 from fedjax_het.system.availability import ALWAYS

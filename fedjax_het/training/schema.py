@@ -14,7 +14,9 @@ from typing import Any
 
 import jax
 
-from fedjax_het.configuring import (
+from fedjax_het.engine.client_store import PLACEMENTS
+from fedjax_het.engine.local import PRECISIONS
+from fedjax_het.schema import (
     ConfigError,
     Key,
     check,
@@ -23,8 +25,6 @@ from fedjax_het.configuring import (
     unknown,
     within,
 )
-from fedjax_het.engine.client_store import PLACEMENTS
-from fedjax_het.engine.local import PRECISIONS
 from fedjax_het.training import compilation, distributed
 from fedjax_het.training.divergence import NONFINITE
 

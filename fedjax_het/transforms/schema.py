@@ -11,9 +11,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.configuring import ConfigError, Key, guarded, optional_table, signature_keys
 from fedjax_het.engine.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
 from fedjax_het.models import Model
+from fedjax_het.schema import ConfigError, Key, guarded, optional_table, signature_keys
 from fedjax_het.transforms import compression, privacy
 
 DEFAULTS: dict[str, Any] = {"compression": {}, "privacy": {}}

@@ -1,7 +1,7 @@
 """What every config option means: ``fedjax-het explain KEY`` and ``fedjax-het config --all``.
 
 Both read the schema that checks a config (``config.options``): a key's type, default, allowed
-values, description and paper are those of the :class:`~fedjax_het.configuring.Key` its table
+values, description and paper are those of the :class:`~fedjax_het.schema.Key` its table
 declares, or that its function's docstring gives. A key that only some choices take
 (``algorithm.prox_mu``: FedProx) is found by trying every choice of the keys that choose a
 table's other keys (:data:`CHOOSING`), as :func:`variants` does.
@@ -16,10 +16,10 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fedjax_het import config as config_lib
 from fedjax_het import results
-from fedjax_het.configuring import ConfigError, Key
+from fedjax_het.front import config as config_lib
 from fedjax_het.gandalf import schema as gandalf_schema
+from fedjax_het.schema import ConfigError, Key
 
 CHOOSING = (
     "data.name", "partition.kind", "feature_skew.kind", "model.name", "algorithm.name",

@@ -12,7 +12,7 @@
     fedjax-het compare RUN_DIR... [--x round|virtual_hours|bytes|wall_s] [--metric KEY]
                        [--target VALUE] [--out PLOT.png] [--overwrite]
 
-With no config file the default experiment runs (``fedjax_het.config.DEFAULTS``).
+With no config file the default experiment runs (``fedjax_het.front.config.DEFAULTS``).
 A config error stops the command with one line naming the key (and, for a
 sweep, the grid cell), before anything is built or compiled; so does an output
 directory that cannot be used (a file, unwritable, or holding another run unless
@@ -31,10 +31,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedjax_het import compare as compare_lib
-from fedjax_het import config as config_lib
-from fedjax_het import explain, results
+from fedjax_het import results
 from fedjax_het.engine.client_store import format_bytes
+from fedjax_het.front import compare as compare_lib, config as config_lib, explain  # noqa: I001
 from fedjax_het.results import NotWritten, OutDirError
 from fedjax_het.training import checkpoint, compilation, distributed, interrupt
 from fedjax_het.training.checkpoint import CheckpointError
@@ -401,7 +400,7 @@ def _config_error(err: config_lib.ConfigError) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from fedjax_het import grid
+    from fedjax_het.front import grid
 
     if args.cells_at_once is not None and args.cells_at_once < 1:
         print("fedjax-het: --cells-at-once must be >= 1", file=sys.stderr)

@@ -44,10 +44,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedjax_het import config as config_lib
 from fedjax_het import results
-from fedjax_het.config import ConfigError, Experiment
-from fedjax_het.sweep import Cell, stack_key, sweep
+from fedjax_het.front import config as config_lib
+from fedjax_het.front.config import ConfigError, Experiment
+from fedjax_het.front.sweep import Cell, stack_key, sweep
 from fedjax_het.system.setup import System
 from fedjax_het.training import checkpoint, distributed, simulate
 

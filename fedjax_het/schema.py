@@ -4,7 +4,7 @@ A config table is the keyword arguments of one function (``arguments``) or the f
 dataclass (``construct``): a key it does not take is unknown, a value is converted to the
 parameter's type hint or refused (``check``), and the error is a :class:`ConfigError` of one
 line that names the key and what is allowed. The tables themselves live beside the code they
-configure (``fedjax_het.data.schema``, ``fedjax_het.system.schema``, ...); ``fedjax_het.config``
+configure (``fedjax_het.data.schema``, ``fedjax_het.system.schema``, ...); ``fedjax_het.front.config``
 assembles them.
 
 No number may be NaN or infinite, except where a table says what ``inf`` means (its

@@ -78,12 +78,12 @@ clients; a partition that cannot be drawn), still before anything compiles.
 Each table's schema (its defaults, its checks and what it builds) lives beside the code it
 configures: the top-level numbers, [engine] and [distributed] in ``fedjax_het.training.schema``;
 [data], [partition], [feature_skew] and [local] in ``fedjax_het.data.schema``; [model] in
-``fedjax_het.model_schema``; [algorithm] in ``fedjax_het.engine.schema`` (a mediator run's in
+``fedjax_het.front.model_schema``; [algorithm] in ``fedjax_het.engine.schema`` (a mediator run's in
 ``fedjax_het.gandalf.schema``); [sampler], [system], [policy], [server] and [selection] in
 ``fedjax_het.system.schema``; [compression] and [privacy] in ``fedjax_het.transforms.schema``.
-They share the machinery of ``fedjax_het.configuring``. This module assembles them: the
+They share the machinery of ``fedjax_het.schema``. This module assembles them: the
 defaults, ``load``, ``options`` (every key with its type, default and description: what
-``fedjax-het config --all`` and ``fedjax-het explain`` print, ``fedjax_het.explain``),
+``fedjax-het config --all`` and ``fedjax-het explain`` print, ``fedjax_het.front.explain``),
 ``schema`` and ``build``, with the checks between tables.
 """
 
@@ -101,17 +101,18 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedjax_het import model_schema, models, registry
+from fedjax_het import models, registry
 from fedjax_het.algorithms.submodels import levels_by_speed
-from fedjax_het.configuring import INT_BITS, ConfigError, Key, representable, unknown
 from fedjax_het.data import catalog
 from fedjax_het.data import schema as data_schema
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine import schema as algorithm_schema
 from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.front import model_schema
 from fedjax_het.gandalf import schema as gandalf_schema
 from fedjax_het.gandalf.pipeline import GandalfOptions
+from fedjax_het.schema import INT_BITS, ConfigError, Key, representable, unknown
 from fedjax_het.system import events, setup
 from fedjax_het.system import schema as system_schema
 from fedjax_het.system.sampler import Sampler
@@ -162,7 +163,7 @@ TABLES: dict[str, str] = {
 """What each table configures, in the order a written config lists them."""
 UNBOUNDED: dict[str, str] = {**data_schema.UNBOUNDED, **system_schema.UNBOUNDED}
 """The number options for which ``inf`` means something, and what; every other number
-option must be finite, and none may be NaN (``configuring.check``)."""
+option must be finite, and none may be NaN (``fedjax_het.schema.check``)."""
 _NAME_KEYS = {"data": "name", "partition": "kind", "model": "name", "algorithm": "name"}
 """The keys that choose a table's function: naming another drops the default options."""
 
@@ -304,7 +305,7 @@ def merge_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def options(config: Mapping[str, Any]) -> dict[str, Key]:
-    """Every key a merged ``config`` may set, as the :class:`~fedjax_het.configuring.Key` that
+    """Every key a merged ``config`` may set, as the :class:`~fedjax_het.schema.Key` that
     checks it: its type, its default in this config, the values it may take, what it does.
 
     The keys of a table follow what the config chooses (``data.name``,

@@ -13,7 +13,7 @@ A cell trains what ``simulate.run(..., seed=cell.seed, hyper=cell.hyper,
 system=cell.system)`` trains: bitwise when the cells run one at a time inside
 the program (``cell_batch=1``, the CPU default), up to float summation order
 when they are ``vmap``-ed (batched matrix products round differently).
-``fedjax_het.grid`` builds the cells from a config and ``--grid`` axes.
+``fedjax_het.front.grid`` builds the cells from a config and ``--grid`` axes.
 
 >>> from fedjax_het import models
 >>> from fedjax_het.algorithms import fedavg

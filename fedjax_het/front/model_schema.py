@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fedjax_het import models
-from fedjax_het.configuring import Key, arguments, choose, guarded, resolved, signature_keys
+from fedjax_het.schema import Key, arguments, choose, guarded, resolved, signature_keys
 
 DEFAULTS: dict[str, Any] = {"model": {"name": "mlp", "hidden": [200, 200]}}
 SKIP = ("example_shape", "num_classes")  # given by the data
