@@ -11,8 +11,11 @@ from fedjax_het.algorithms.fedbuff import fedbuff
 from fedjax_het.algorithms.feddyn import feddyn
 from fedjax_het.algorithms.fednova import fednova
 from fedjax_het.algorithms.fedprox import fedprox
+from fedjax_het.algorithms.fedrolex import fedrolex
 from fedjax_het.algorithms.fetchsgd import fetchsgd
+from fedjax_het.algorithms.fjord import fjord
 from fedjax_het.algorithms.freezefl import freezefl
+from fedjax_het.algorithms.heterofl import heterofl
 from fedjax_het.algorithms.ifca import ifca
 from fedjax_het.algorithms.mime import mime, mimelite
 from fedjax_het.algorithms.personal_layers import fedper, fedrep
@@ -36,9 +39,12 @@ __all__ = [
     "fedper",
     "fedprox",
     "fedrep",
+    "fedrolex",
     "fedyogi",
     "fetchsgd",
+    "fjord",
     "freezefl",
+    "heterofl",
     "ifca",
     "mime",
     "mimelite",

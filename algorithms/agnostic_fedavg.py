@@ -34,7 +34,7 @@ clients: then ``β_i = λ_i``.
 ['client_lr', 'domain_lr', 'server_lr']
 
 .. warning:: ``L`` and ``M`` are gathered in a round trip before training
-   (``FederatedAlgorithm.probe``; FedJAX's first pass), so ``M`` is this round's: FedJAX
+   (a ``CohortProbe`` hook; FedJAX's first pass), so ``M`` is this round's: FedJAX
    estimates it from a window of earlier rounds to save the round trip, which fails when a
    domain's clients were absent from it (``λ_d / 0``). No window here.
 .. warning:: Domains are per client (FedJAX's are per example, a ``domain_id`` feature); the
@@ -58,15 +58,15 @@ from fedjax_het.algorithms.fedavg import ServerState as ModelState
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.scaffold import start_from_model
 from fedjax_het.engine.algorithm import (
-    NON_NEGATIVE,
     Aggregator,
     Batches,
     ClientStats,
-    CohortProbe,
     FederatedAlgorithm,
     LocalContext,
     weighted_or_zero,
 )
+from fedjax_het.engine.hooks import CohortProbe, attach
+from fedjax_het.engine.hyper import NON_NEGATIVE
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree, Update
 
@@ -269,10 +269,7 @@ def agnostic_fedavg(
         weights = jnp.where(jnp.sum(state.mass) > 0, moved, state.weights)
         return state.replace(params=inner.params, opt_state=inner.opt_state, weights=weights)
 
-    return dataclasses.replace(
-        base,
-        server_init=server_init,
-        broadcast=share_weights,
-        server_update=server_update,
-        probe=CohortProbe(_domain_losses(domain_of), _domain_sums(), attach_domains),
+    algorithm = dataclasses.replace(
+        base, server_init=server_init, broadcast=share_weights, server_update=server_update
     )
+    return attach(algorithm, CohortProbe(_domain_losses(domain_of), _domain_sums(), attach_domains))

@@ -16,7 +16,7 @@ In a round with global model ``w_t`` the client starts ``w`` from ``w_t`` and ta
 then keeps ``(v_i, α_i)`` and sends ``w_t - w``; the server steps along their weighted mean
 as FedAvg does. ``η`` is ``client_lr``, ``η_α`` the traced ``apfl_alpha_lr`` (the paper uses
 ``η``; 0 keeps every ``α_i`` at its initial ``alpha``, the paper's fixed-α variant).
-``personal_params`` is ``α_i v_i + (1 - α_i) w`` with the current global model ``w``, so a run
+the ``Personalized`` hook gives ``α_i v_i + (1 - α_i) w`` with the current global model ``w``, so a run
 reports each client's personalised accuracy.
 
 Mechanics: the trained pytree is ``APFLParams(w, v, alpha)``; the local objective
@@ -48,13 +48,14 @@ from flax import struct
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState, fedavg
 from fedjax_het.engine.algorithm import (
-    NON_NEGATIVE,
     Batches,
     FederatedAlgorithm,
     LocalContext,
     float_dtype,
     model_loss,
 )
+from fedjax_het.engine.hooks import Personalized, attach
+from fedjax_het.engine.hyper import NON_NEGATIVE
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, Hyper, Params, PRNGKey, Update
 
@@ -165,10 +166,8 @@ def apfl(
     def client_init(params: Params) -> APFLState:
         return APFLState(params, jnp.asarray(alpha, float_dtype(params)), jnp.zeros((), bool))
 
-    return fedavg(
-        client_optimizer=optimizers.HyperOptimizer(
-            clipped_sgd, sgd.hyper_defaults, sgd.hyper_ranges
-        ),
+    algorithm = fedavg(
+        client_optimizer=optimizers.HyperOptimizer(clipped_sgd, sgd.hyper),
         server_optimizer=optimizers.sgd("server", lr=server_lr),
         local_loss=apfl_loss,
         extra_hyper=(("apfl_alpha_lr", float(alpha_lr)),),
@@ -176,6 +175,6 @@ def apfl(
         client_init=client_init,
         client_start=start_triple,
         client_finalize=send_global,
-        personal_params=personalised,
         name="apfl",
     )
+    return attach(algorithm, Personalized(personalised))

@@ -56,7 +56,8 @@ from flax import struct
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.engine.algorithm import DECAY, Aggregator, ClientStats, FederatedAlgorithm
+from fedjax_het.engine.algorithm import Aggregator, ClientStats, FederatedAlgorithm
+from fedjax_het.engine.hyper import DECAY
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree, Update
 
 AGGREGATIONS = ("sum", "seq", "naive")

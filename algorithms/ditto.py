@@ -11,7 +11,7 @@ model) and, in a round with global model ``w_t``, takes its local steps on both
 on the same batches; it keeps the trained ``v`` and sends ``w_t - w``, which
 the server averages and steps along as FedAvg does. ``λ`` is the traced
 hyperparameter ``ditto_lambda``: ``λ = 0`` trains ``v`` purely locally, a large
-``λ`` keeps it near ``w_t``. ``personal_params`` is ``v_k``, so a run reports
+``λ`` keeps it near ``w_t``. the ``Personalized`` hook gives ``v_k``, so a run reports
 each client's personalised accuracy.
 
 Mechanics: the trained pytree is the pair ``DittoParams(w, v)``; the local
@@ -41,14 +41,10 @@ from flax import struct
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState, fedavg
-from fedjax_het.algorithms.fedprox import squared_distance
-from fedjax_het.engine.algorithm import (
-    NON_NEGATIVE,
-    Batches,
-    FederatedAlgorithm,
-    LocalContext,
-    model_loss,
-)
+from fedjax_het.algorithms.loss_terms import squared_distance
+from fedjax_het.engine.algorithm import Batches, FederatedAlgorithm, LocalContext, model_loss
+from fedjax_het.engine.hooks import Personalized, attach
+from fedjax_het.engine.hyper import NON_NEGATIVE
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, Update
 
@@ -114,7 +110,7 @@ def ditto(
       Li, Hu, Beirami and Smith, "Ditto: Fair and Robust Federated Learning Through
       Personalization" (ICML 2021), Algorithm 1.
     """
-    return fedavg(
+    algorithm = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),
         local_loss=ditto_loss,
@@ -123,6 +119,6 @@ def ditto(
         client_init=lambda params: params,
         client_start=start_pair,
         client_finalize=send_global,
-        personal_params=own_model,
         name="ditto",
     )
+    return attach(algorithm, Personalized(own_model))

@@ -25,10 +25,12 @@ import optax
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.algorithms.fedprox import squared_distance
+from fedjax_het.algorithms.loss_terms import squared_distance
 from fedjax_het.algorithms.optimizers import HyperOptimizer
 from fedjax_het.algorithms.staleness import staleness_fn, staleness_weighted_mean
-from fedjax_het.engine.algorithm import NON_NEGATIVE, FederatedAlgorithm, Interval, model_loss
+from fedjax_het.engine.algorithm import FederatedAlgorithm, model_loss
+from fedjax_het.engine.hooks import UpdateBase, attach
+from fedjax_het.engine.hyper import NON_NEGATIVE, HyperSpec, Interval
 
 MIXING = Interval(0.0, 1.0, closed_low=False)  # α in (0, 1]
 
@@ -51,21 +53,20 @@ def fedasync(
     """
     mixing = HyperOptimizer(
         build=lambda hyper: optax.sgd(hyper["alpha"]),
-        hyper_defaults=(("alpha", float(alpha)),),
-        hyper_ranges=(("alpha", MIXING),),
+        hyper=HyperSpec((("alpha", float(alpha)),), (("alpha", MIXING),)),
     )
 
     def local_loss(model, params, batch, ctx, hyper, key) -> jax.Array:
         drift = squared_distance(params, ctx.start)
         return model_loss(model, params, batch, ctx, hyper, key) + 0.5 * hyper["rho"] * drift
 
-    return fedavg(
+    algorithm = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=mixing,
         local_loss=local_loss,
         aggregator=staleness_weighted_mean(staleness_fn(staleness, a=a, b=b)),
         extra_hyper=(("rho", float(rho)),),
         hyper_ranges=(("rho", NON_NEGATIVE),),
-        update_base="current",
         name="fedasync",
     )
+    return attach(algorithm, UpdateBase("current"))

@@ -40,13 +40,13 @@ from fedjax_het.algorithms.optimizers import HyperOptimizer
 from fedjax_het.engine.algorithm import (
     Aggregator,
     FederatedAlgorithm,
-    Freezing,
-    Interval,
+    LocalTraining,
     delta_update,
     model_loss,
     start_from_broadcast,
     weighted_mean,
 )
+from fedjax_het.engine.hyper import HyperSpec, Interval
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
 
@@ -66,12 +66,9 @@ def fedavg(
     aggregator: Aggregator | None = None,
     extra_hyper: tuple[tuple[str, float], ...] = (),
     hyper_ranges: tuple[tuple[str, Interval], ...] = (),
-    freezing: Freezing | None = None,
     client_init: Callable[[Params], PyTree] = lambda params: (),
     client_start: Callable[..., tuple[Params, PyTree]] = start_from_broadcast,
     client_finalize: Callable[..., tuple[PyTree, PyTree]] = delta_update,
-    personal_params: Callable[[ServerState, PyTree], Params] | None = None,
-    update_base: str = "start",
     name: str = "fedavg",
 ) -> FederatedAlgorithm:
     """FedAvg with pluggable client and server optimizers, local objective and aggregation.
@@ -80,20 +77,21 @@ def fedavg(
       client_optimizer: local optimizer; default SGD with ``client_lr = 0.05``.
       server_optimizer: optimizer on the pseudo-gradient; default SGD with
         ``server_lr = 1.0`` (plain FedAvg).
-      local_loss: the local objective ``(model, params, broadcast, batch, hyper, key)``;
-        FedProx adds its proximal term here.
+      local_loss: the local objective ``(model, params, batch, ctx, hyper, key)``
+        (``LocalTraining.loss``; ``ctx`` a ``LocalContext``); FedProx adds its proximal
+        term here.
       aggregator: how client updates combine; default the weighted mean.
       extra_hyper: ``((name, default), ...)`` traced hyperparameters that
-        ``local_loss``, ``aggregator`` or ``freezing`` read.
+        ``local_loss``, ``aggregator`` or a hook read.
       hyper_ranges: ``((name, Interval), ...)`` allowed values of those hyperparameters
         (the optimizers bring the ranges of theirs).
-      freezing: per-client freezing chosen in the round (FreezeFL), or None.
-      client_init, client_start, client_finalize, personal_params: the client-side
-        hooks of ``FederatedAlgorithm`` (defaults: no client state, start from the
-        global model, send ``start - params``, no personal model).
-      update_base: what a stale slot's update is measured against
-        (``FederatedAlgorithm.update_base``).
+      client_init, client_start, client_finalize: the client state and the start and end
+        of local training (``FederatedAlgorithm.client_init``, ``LocalTraining``; defaults:
+        no client state, start from the global model, send ``start - params``).
       name: registry name reported in logs.
+
+    Hooks (a personal model, freezing, stale updates) are attached to the result with
+    ``fedjax_het.engine.hooks.attach``.
 
     Returns:
       The algorithm. Its traced hyperparameters are those of both optimizers
@@ -117,25 +115,15 @@ def fedavg(
 
     return FederatedAlgorithm(
         name=name,
-        hyper_defaults=(
-            client_optimizer.hyper_defaults + server_optimizer.hyper_defaults + extra_hyper
-        ),
+        hyperparameters=client_optimizer.hyper + server_optimizer.hyper
+        + HyperSpec(extra_hyper, hyper_ranges),
         server_init=server_init,
         broadcast=lambda state: state.params,
         client_init=client_init,
-        client_start=client_start,
-        client_optimizer=client_optimizer.build,
-        local_loss=local_loss,
-        client_finalize=client_finalize,
+        local=LocalTraining(client_optimizer.build, local_loss, client_start, client_finalize),
         aggregator=aggregator or weighted_mean(),
         server_update=server_update,
         global_params=lambda state: state.params,
-        personal_params=personal_params,
-        freezing=freezing,
-        hyper_ranges=(
-            client_optimizer.hyper_ranges + server_optimizer.hyper_ranges + hyper_ranges
-        ),
-        update_base=update_base,
     )
 
 

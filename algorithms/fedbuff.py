@@ -29,6 +29,7 @@ from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.staleness import staleness_fn, staleness_weighted_mean
 from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.hooks import UpdateBase, attach
 
 
 def fedbuff(
@@ -50,10 +51,10 @@ def fedbuff(
       Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek and Huba, "Federated Learning with
       Buffered Asynchronous Aggregation" (AISTATS 2022), Algorithm 1.
     """
-    return fedavg(
+    algorithm = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr, momentum=server_momentum),
         aggregator=staleness_weighted_mean(staleness_fn(staleness, a=a, b=b)),
-        update_base=update_base,
         name="fedbuff",
     )
+    return algorithm if update_base == "start" else attach(algorithm, UpdateBase(update_base))

@@ -49,9 +49,8 @@ from flax import struct
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState as ModelState
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.algorithms.scaffold import gradient_term
+from fedjax_het.algorithms.loss_terms import gradient_term
 from fedjax_het.engine.algorithm import (
-    POSITIVE,
     Aggregator,
     ClientStats,
     FederatedAlgorithm,
@@ -59,6 +58,7 @@ from fedjax_het.engine.algorithm import (
     model_loss,
     weighted_mean,
 )
+from fedjax_het.engine.hyper import POSITIVE
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, PyTree, Update
 

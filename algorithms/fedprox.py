@@ -19,18 +19,14 @@ nothing extra here: a client that finishes fewer steps is a step mask.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.engine.algorithm import NON_NEGATIVE, FederatedAlgorithm, LocalContext, model_loss
+from fedjax_het.algorithms.loss_terms import squared_distance
+from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext, model_loss
+from fedjax_het.engine.hyper import NON_NEGATIVE
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, Hyper, Params, PRNGKey
-
-
-def squared_distance(a: Params, b: Params) -> jax.Array:
-    """``||a - b||^2`` over every leaf."""
-    return sum(jax.tree.leaves(jax.tree.map(lambda x, y: jnp.sum(jnp.square(x - y)), a, b)))
 
 
 def proximal_loss(

@@ -39,7 +39,9 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.engine.algorithm import DECAY, FederatedAlgorithm, float_dtype
+from fedjax_het.engine.algorithm import FederatedAlgorithm, float_dtype
+from fedjax_het.engine.hooks import PayloadBytes
+from fedjax_het.engine.hyper import DECAY
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import Hyper, Params, PRNGKey, Update
 
@@ -161,5 +163,5 @@ def fetchsgd(
         server_init=server_init,
         server_update=server_update,
         global_params=lambda state: state.params,
-        payload=payload,
+        hooks=(PayloadBytes(payload),),
     )

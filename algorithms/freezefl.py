@@ -46,7 +46,9 @@ import jax.numpy as jnp
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.engine.algorithm import NON_NEGATIVE, FederatedAlgorithm, Freezing, masked_mean
+from fedjax_het.engine.algorithm import FederatedAlgorithm, masked_mean
+from fedjax_het.engine.hooks import Freezing, attach
+from fedjax_het.engine.hyper import NON_NEGATIVE
 from fedjax_het.typing import Hyper, Params, PyTree, Update
 
 
@@ -105,12 +107,12 @@ def freezefl(
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    return fedavg(
+    algorithm = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),
         aggregator=masked_mean(),
         extra_hyper=(("beta", float(beta)),),
         hyper_ranges=(("beta", NON_NEGATIVE),),
-        freezing=Freezing(probe_share=1.0 / epochs, depth_masks=depth_masks, choose=choose_depth),
         name="freezefl",
     )
+    return attach(algorithm, Freezing(1.0 / epochs, depth_masks, choose_depth))

@@ -16,13 +16,13 @@ members ``S_j`` that count (weight ``w_i > 0``),
 and a cluster without members keeps its model (zero pseudo-gradient). With
 ``η = 1`` and uniform weighting this is the paper's ``θ_j = mean_{i∈S_j}
 θ̃_i``; with example weighting, its FedAvg form. The client stores ``ĵ``;
-``server_metrics`` reports the round's ``cluster_sizes`` (int32 ``[k]``).
+its ``ServerMetrics`` hook reports the round's ``cluster_sizes`` (int32 ``[k]``).
 With ``k = 1`` IFCA is FedAvg.
 
 >>> import jax, jax.numpy as jnp
 >>> algorithm = ifca(num_clusters=3)
 >>> state = algorithm.server_init({"w": jnp.ones(2)}, algorithm.hyper(), 4)
->>> algorithm.broadcast(state)["w"].shape, algorithm.server_metrics(state)["cluster_sizes"].tolist()
+>>> algorithm.broadcast(state)["w"].shape, algorithm.hook(ServerMetrics).metrics(state)["cluster_sizes"].tolist()
 ((3, 2), [0, 0, 0])
 
 .. warning:: The paper initialises the ``k`` models at random and separately;
@@ -55,7 +55,6 @@ from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState as ModelsState
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.engine.algorithm import (
-    NON_NEGATIVE,
     Aggregator,
     Batches,
     ClientStats,
@@ -64,6 +63,8 @@ from fedjax_het.engine.algorithm import (
     delta_update,
     mean_loss,
 )
+from fedjax_het.engine.hooks import Personalized, ServerMetrics
+from fedjax_het.engine.hyper import NON_NEGATIVE
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree, Update
 
@@ -217,6 +218,8 @@ def ifca(
         broadcast=lambda state: state.models.params,
         server_update=server_update,
         global_params=global_params,
-        personal_params=personal_params,
-        server_metrics=lambda state: {"cluster_sizes": state.cluster_sizes},
+        hooks=(
+            Personalized(personal_params),
+            ServerMetrics(lambda state: {"cluster_sizes": state.cluster_sizes}),
+        ),
     )

@@ -24,7 +24,7 @@ only (Algorithm 1's last two lines):
 ``η`` is ``client_lr``, ``η_g`` ``server_lr`` (the paper's plain average is ``η_g = 1``), ``β``
 the traced ``mime_momentum``. ``m`` starts at zero. The control variate ``c`` is a statistic
 of the cohort that every local step needs, so it is gathered in a round trip of its own
-before training (``FederatedAlgorithm.probe``); MimeLite gathers the same gradients only for
+before training (a ``CohortProbe`` hook); MimeLite gathers the same gradients only for
 ``m``. With ``β = 0`` MimeLite is FedAvg, and Mime is FedAvg with an SVRG correction.
 
 >>> algorithm = mime(momentum=0.5)
@@ -55,16 +55,17 @@ from flax import struct
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState as ModelState
 from fedjax_het.algorithms.fedavg import fedavg
-from fedjax_het.algorithms.scaffold import gradient_term, start_from_model
+from fedjax_het.algorithms.loss_terms import gradient_term
+from fedjax_het.algorithms.scaffold import start_from_model
 from fedjax_het.engine.algorithm import (
-    DECAY,
     Batches,
-    CohortProbe,
     FederatedAlgorithm,
     LocalContext,
     model_loss,
     weighted_mean,
 )
+from fedjax_het.engine.hooks import CohortProbe, PayloadBytes
+from fedjax_het.engine.hyper import DECAY
 from fedjax_het.models import Model
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import Batch, Hyper, Params, PRNGKey, PyTree, Update
@@ -77,7 +78,7 @@ class ServerState:
     params: Params
     opt_state: PyTree
     momentum: Params
-    gradient: Params  # c: the mean full-batch gradient at params (FederatedAlgorithm.probe)
+    gradient: Params  # c: the mean full-batch gradient at params (its CohortProbe hook)
     gathered: jax.Array  # 1 when a client counted in c this round, else 0
 
 
@@ -225,8 +226,7 @@ def _mime(name: str, control_variate: bool, momentum: float, client_lr: float,
         server_init=server_init,
         broadcast=broadcast,
         server_update=server_update,
-        payload=payload,
-        probe=CohortProbe(full_gradient, weighted_mean(), attach_gradient),
+        hooks=(PayloadBytes(payload), CohortProbe(full_gradient, weighted_mean(), attach_gradient)),
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import optax
 
-from fedjax_het.engine.algorithm import DECAY, POSITIVE, Interval
+from fedjax_het.engine.hyper import DECAY, POSITIVE, HyperSpec, Interval
 from fedjax_het.typing import Hyper
 
 RANGES: dict[str, Interval] = {
@@ -27,13 +27,11 @@ class HyperOptimizer:
 
     Attributes:
       build: ``hyper -> optax.GradientTransformation``.
-      hyper_defaults: ``((name, default), ...)`` of the entries ``build`` reads.
-      hyper_ranges: ``((name, Interval), ...)`` their allowed values (``RANGES``).
+      hyper: the entries ``build`` reads, their defaults and allowed values (``RANGES``).
     """
 
     build: Callable[[Hyper], optax.GradientTransformation]
-    hyper_defaults: tuple[tuple[str, float], ...]
-    hyper_ranges: tuple[tuple[str, Interval], ...]
+    hyper: HyperSpec
 
 
 def _make(role: str, factory: Callable[..., optax.GradientTransformation], **defaults) -> HyperOptimizer:
@@ -44,8 +42,10 @@ def _make(role: str, factory: Callable[..., optax.GradientTransformation], **def
 
     return HyperOptimizer(
         build,
-        tuple((names[f], float(v)) for f, v in defaults.items()),
-        tuple((names[f], RANGES[f]) for f in defaults),
+        HyperSpec(
+            tuple((names[f], float(v)) for f, v in defaults.items()),
+            tuple((names[f], RANGES[f]) for f in defaults),
+        ),
     )
 
 

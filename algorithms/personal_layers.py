@@ -18,7 +18,7 @@ keeps the trained ``h_k`` (its client state) and sends ``φ_t - φ_k`` only; the
 server applies FedAvg's step to the body, ``φ_{t+1} = φ_t - η Σ_k n_k (φ_t -
 φ_k) / Σ_k n_k``. ``ρ`` is FedRep's traced hyperparameter ``head_share``
 (default 0.9: the authors' code trains 9 head epochs and 1 body epoch of 10).
-Each client's own model ``(φ_t, h_k)`` is its ``personal_params``, so a run
+Each client's own model ``(φ_t, h_k)`` is its ``Personalized`` hook's, so a run
 reports personalised accuracy.
 
 >>> import jax
@@ -50,7 +50,9 @@ import jax.numpy as jnp
 
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState, fedavg
-from fedjax_het.engine.algorithm import UNIT, FederatedAlgorithm, LocalContext, model_loss
+from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext, model_loss
+from fedjax_het.engine.hooks import Personalized, attach
+from fedjax_het.engine.hyper import UNIT
 from fedjax_het.models import Model
 from fedjax_het.typing import Batch, ClientState, Hyper, Params, PRNGKey, Update
 
@@ -124,7 +126,7 @@ def alternating_loss(
 
 def _personal(name, personal_layers, local_loss, extra_hyper, hyper_ranges, client_lr, server_lr):
     _check_layers(personal_layers)
-    return fedavg(
+    algorithm = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),
         local_loss=local_loss,
@@ -133,9 +135,9 @@ def _personal(name, personal_layers, local_loss, extra_hyper, hyper_ranges, clie
         client_init=_head_of(personal_layers),
         client_start=start_from_own_head,
         client_finalize=send_body,
-        personal_params=own_model,
         name=name,
     )
+    return attach(algorithm, Personalized(own_model))
 
 
 def fedper(

@@ -48,7 +48,6 @@ from flax import struct
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.engine.algorithm import (
-    NON_NEGATIVE,
     Aggregator,
     Batches,
     ClientStats,
@@ -57,6 +56,7 @@ from fedjax_het.engine.algorithm import (
     float_dtype,
     mean_loss,
 )
+from fedjax_het.engine.hyper import NON_NEGATIVE
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree, Update
 

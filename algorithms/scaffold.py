@@ -57,6 +57,7 @@ from flax import struct
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import ServerState as ModelState
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.algorithms.loss_terms import gradient_term
 from fedjax_het.engine.algorithm import (
     Aggregator,
     Batches,
@@ -107,33 +108,6 @@ def start_from_model(
     """Local training starts from ``x``; the client keeps ``c_i``."""
     del model, batches, hyper, key
     return payload.params, control
-
-
-@jax.custom_jvp
-def _zero_with_gradient(y: jax.Array, direction: jax.Array) -> jax.Array:
-    return jnp.zeros((), y.dtype)
-
-
-@_zero_with_gradient.defjvp
-def _zero_with_gradient_jvp(primals, tangents):
-    y, direction = primals
-    y_dot, _ = tangents
-    return jnp.zeros((), y.dtype), jnp.sum(y_dot * direction.astype(y_dot.dtype))
-
-
-def gradient_term(params: Params, direction: Params) -> jax.Array:
-    """A loss term of value 0 whose gradient in ``params`` is ``direction``, held constant.
-
-    Added to a local loss, it adds ``direction`` to each step's gradient without
-    computing the value of the term it stands for (SCAFFOLD's ``<y, c - c_i>``,
-    FedDyn's regulariser): one pass over the params fewer per step, and the
-    reported loss stays the model's. First derivatives only.
-
-    >>> grad = jax.grad(lambda y: gradient_term(y, {"w": jnp.array([1.0, -2.0])}))
-    >>> grad({"w": jnp.zeros(2)})["w"].tolist()
-    [1.0, -2.0]
-    """
-    return sum(jax.tree.leaves(jax.tree.map(_zero_with_gradient, params, direction)))
 
 
 def corrected_loss(

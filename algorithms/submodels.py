@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_het import models
-from fedjax_het.engine.algorithm import ClientCosts
+from fedjax_het.engine.hooks import ClientCosts
 from fedjax_het.models import Model, kept_units
 from fedjax_het.typing import Params, PyTree
 

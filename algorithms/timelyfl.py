@@ -60,7 +60,9 @@ import jax.numpy as jnp
 from fedjax_het.algorithms import optimizers
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.algorithms.freezefl import depth_masks
-from fedjax_het.engine.algorithm import POSITIVE, FederatedAlgorithm, Freezing, masked_mean
+from fedjax_het.engine.algorithm import FederatedAlgorithm, masked_mean
+from fedjax_het.engine.hooks import Freezing, attach
+from fedjax_het.engine.hyper import POSITIVE
 from fedjax_het.typing import Hyper, Update
 
 
@@ -96,12 +98,12 @@ def timelyfl(
       Zhang, Gao, Lee, Zhang and Avestimehr, "TimelyFL: Heterogeneity-aware Asynchronous
       Federated Learning with Adaptive Partial Training" (CVPR Workshops 2023).
     """
-    return fedavg(
+    algorithm = fedavg(
         client_optimizer=optimizers.sgd("client", lr=client_lr),
         server_optimizer=optimizers.sgd("server", lr=server_lr),
         aggregator=masked_mean(),
         extra_hyper=(("interval", float(interval)),),
         hyper_ranges=(("interval", POSITIVE),),
-        freezing=Freezing(probe_share=0.0, depth_masks=depth_masks, choose=choose_depth),
         name="timelyfl",
     )
+    return attach(algorithm, Freezing(0.0, depth_masks, choose_depth))

@@ -31,8 +31,8 @@ from fedjax_het.algorithms.submodels import (
     width_mask,
 )
 from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext, masked_mean
+from fedjax_het.engine.hooks import ClientCosts, DenseLevels, PayloadBytes, SubModel
 from fedjax_het.engine.local import LocalSpec, local_update
-from fedjax_het.engine.submodel import ClientCosts, DenseLevels, SubModel
 from fedjax_het.models import Model
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import ClientState, Hyper, Params, PRNGKey, PyTree
@@ -110,7 +110,8 @@ def dense_client(level: int, spec: LocalSpec, hyper: Hyper, payload: WidthPayloa
     submodel = None if factors is None else SubModel(
         lambda *args: (None, factors), lambda *args: None)
     small_spec = dataclasses.replace(
-        spec, model=small, algorithm=dataclasses.replace(spec.algorithm, submodel=submodel))
+        spec, model=small, algorithm=dataclasses.replace(
+            spec.algorithm, hooks=() if submodel is None else (submodel,)))
     trained = width_mask(layout, jnp.int32(level), offset)
     small_payload = payload.replace(params=params)
 
@@ -214,6 +215,6 @@ def width_fedavg(
     return dataclasses.replace(
         base, server_init=server_init, broadcast=lambda s: WidthPayload(s.model.params,
         s.levels, s.round), server_update=server_update,
-        global_params=lambda s: s.model.params, submodel=SubModel(step, trained, groups),
-        payload=_payload, client_costs=client_costs,
+        global_params=lambda s: s.model.params,
+        hooks=(SubModel(step, trained, groups, client_costs), PayloadBytes(_payload)),
     )

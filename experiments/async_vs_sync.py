@@ -63,6 +63,7 @@ from fedjax_het.system import events, setup
 from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.training import simulate
 from fedjax_het.training.metrics import OUTCOME_NAMES
+from fedjax_het.training.options import run_options
 
 OUT = common.RESULTS / "async_vs_sync"
 METHODS = (
@@ -170,16 +171,18 @@ def run_method(method: str, seed: int, exp, args: argparse.Namespace) -> dict[st
     started = time.perf_counter()
     h = simulate.run(
         exp.data,
-        exp.model,
-        algorithm,
-        exp.sampler,
-        rounds=rounds,
-        work=exp.work,
-        seed=seed,
-        eval_every=eval_every,
-        progress=False,
-        system=system,
-        server=server,
+        *run_options(
+            model=exp.model,
+            algorithm=algorithm,
+            sampler=exp.sampler,
+            rounds=rounds,
+            work=exp.work,
+            seed=seed,
+            eval_every=eval_every,
+            progress=False,
+            system=system,
+            server=server,
+        ),
     )
     wall = time.perf_counter() - started
     curve = [  # round 0's line has no virtual_s

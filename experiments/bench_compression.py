@@ -41,6 +41,7 @@ from fedjax_het import models, results
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.cohort import auto_chunk
+from fedjax_het.engine.hooks import PayloadBytes
 from fedjax_het.transforms import compression as C
 
 COHORT = 10
@@ -98,7 +99,8 @@ def measure_chunk(
         new_params = jax.device_get(jax.block_until_ready(impl.run())[0])
         outputs[name] = new_params
         up = C.bytes_sent(upload or C.identity(), params)
-        down = (algorithm.payload or (lambda p: (float32_bytes, float32_bytes)))(params)[0]
+        payload = algorithm.hook(PayloadBytes)
+        down = payload.count(params)[0] if payload else float32_bytes
         row = {
             "variant": name, "algorithm": algorithm.name, "chunk": chunk,
             "chunk_from": chunk_from, "compile_s": impl.compile_s, "upload_bytes": up,

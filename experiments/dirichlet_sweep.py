@@ -103,11 +103,7 @@ def run_one(beta: float, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     data = diagnostics.describe(experiment.data)
     history = simulate.run(
         experiment.data,
-        experiment.model,
-        experiment.algorithm,
-        experiment.sampler,
-        **experiment.run_kwargs(),
-        progress=True,
+        *experiment.options(progress=True),
     )
     s = history.summary
     return {

@@ -41,6 +41,7 @@ from fedjax_het.system import setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate
 from fedjax_het.training.online import upload_bytes
+from fedjax_het.training.options import run_options
 
 OUT = common.RESULTS / "freezefl_rounds"
 EPOCHS = 3
@@ -54,16 +55,18 @@ def run_one(exp, algorithm, system, seed: int, args) -> dict[str, Any]:
     }
     history = simulate.run(
         exp.data,
-        exp.model,
-        algorithm,
-        exp.sampler,
-        system=system,
-        seed=seed,
-        work=LocalWork(batch_size=exp.work.batch_size, epochs=EPOCHS),
-        progress=True,
-        targets=(args.target,),
-        eval_every=args.eval_every,
-        **kwargs,
+        *run_options(
+            model=exp.model,
+            algorithm=algorithm,
+            sampler=exp.sampler,
+            system=system,
+            seed=seed,
+            work=LocalWork(batch_size=exp.work.batch_size, epochs=EPOCHS),
+            progress=True,
+            targets=(args.target,),
+            eval_every=args.eval_every,
+            **kwargs,
+        ),
     )
     s = jax.device_get(history.schedule)
     ok = np.asarray(s.outcome) == OK

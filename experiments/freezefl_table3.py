@@ -70,7 +70,9 @@ import jax
 import numpy as np
 from freezefl_rounds import EPOCHS
 
-from fedjax_het.algorithms import fedrolex, fjord, heterofl
+from fedjax_het.algorithms.fedrolex import DEFAULT_WIDTHS as FEDROLEX_WIDTHS
+from fedjax_het.algorithms.fjord import DEFAULT_WIDTHS as FJORD_WIDTHS
+from fedjax_het.algorithms.heterofl import DEFAULT_WIDTHS as HETEROFL_WIDTHS
 from fedjax_het.algorithms.submodels import levels_by_speed
 from fedjax_het.data.federated import ClientArrays, FederatedData
 from fedjax_het.front import config as config_lib
@@ -81,9 +83,9 @@ OUT = common.RESULTS / "freezefl_table3"
 COMM_STEPS = 1.0  # uniform6x: one-way transfer of the full model = this many local steps
 BINS = 10
 WIDTHS = {  # each algorithm's default width ratios, written into the run's config
-    "fjord": fjord.DEFAULT_WIDTHS,
-    "fjord_cs": fjord.DEFAULT_WIDTHS,
-    "heterofl": heterofl.DEFAULT_WIDTHS, "fedrolex": fedrolex.DEFAULT_WIDTHS,
+    "fjord": FJORD_WIDTHS,
+    "fjord_cs": FJORD_WIDTHS,
+    "heterofl": HETEROFL_WIDTHS, "fedrolex": FEDROLEX_WIDTHS,
 }  # fmt: skip
 
 
@@ -268,8 +270,8 @@ def run_one(spec: SetupSpec, capability: str, method: str, seed: int, folder: Pa
     key = {"setup": spec.name, "capability": capability, "method": method, "seed": seed}
     try:
         history = simulate.run(
-            exp.data, exp.model, exp.algorithm, exp.sampler,
-            **{**exp.run_kwargs(), "seed": seed, "targets": (), "progress": progress},
+            exp.data,
+            *exp.options(**{**exp.run_kwargs(), "seed": seed, "targets": (), "progress": progress}),
         )  # fmt: skip
     except Diverged as err:  # kept as a row the tables leave out and the report names
         return {**key, "diverged": str(err), "algorithm": exp.config["algorithm"]}

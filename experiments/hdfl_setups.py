@@ -112,6 +112,7 @@ from fedjax_het.system import policy as policies
 from fedjax_het.system import setup as system_setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 OUT = common.RESULTS / "hdfl_setups"
 METHODS = ("fedavg", "lsfl", "hdfl", "oort")
@@ -233,19 +234,21 @@ def train(
     slots = int(policies.num_selected(spec.per_round, system.policy.over_commit))
     return simulate.run(
         exp.data,
-        exp.model,
-        exp.algorithm,
-        uniform(exp.data.num_clients, spec.per_round),
-        rounds=rounds,
-        work=exp.work,
-        hyper=exp.hyper,
-        seed=seed,
-        eval_every=eval_every,
-        weighting="uniform" if method == "hdfl" else "examples",
-        progress=progress,
-        system=system,
-        select=select_for(method, exp.data.num_clients, slots),
-        targets=(),
+        *run_options(
+            model=exp.model,
+            algorithm=exp.algorithm,
+            sampler=uniform(exp.data.num_clients, spec.per_round),
+            rounds=rounds,
+            work=exp.work,
+            hyper=exp.hyper,
+            seed=seed,
+            eval_every=eval_every,
+            weighting="uniform" if method == "hdfl" else "examples",
+            progress=progress,
+            system=system,
+            select=select_for(method, exp.data.num_clients, slots),
+            targets=(),
+        ),
     )
 
 

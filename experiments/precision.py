@@ -44,12 +44,12 @@ def run_once(precision: str, rounds: int) -> dict:
     stamps = []
     history = simulate.run(
         e.data,
-        e.model,
-        e.algorithm,
-        e.sampler,
-        **e.run_kwargs(),
-        progress=False,
-        on_eval=lambda line: stamps.append((line["round"], time.perf_counter())),
+        *e.options(
+            progress=False,
+            on_eval=lambda line: stamps.append((line["round"],
+            time.perf_counter()),
+        ),
+        ),
     )
     (_, t0), (_, t1), *rest = stamps
     steady = [(t - t_prev) / (r - r_prev) for (r_prev, t_prev), (r, t) in zip(stamps[1:], rest)]

@@ -57,6 +57,7 @@ from fedjax_het import results, rng
 from fedjax_het.front import grid
 from fedjax_het.front.sweep import Cell, sweep
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 OUT = common.BENCH_RESULTS / "sweep-vs-sequential-cpu.jsonl"
 GATE_RTOL = 1e-4
@@ -127,13 +128,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         sequential.append(
             simulate.run(
                 exp.data,
-                exp.model,
-                exp.algorithm,
-                exp.sampler,
-                seed=cell.seed,
-                hyper=cell.hyper,
-                progress=False,
-                **kwargs,
+                *run_options(
+                    model=exp.model,
+                    algorithm=exp.algorithm,
+                    sampler=exp.sampler,
+                    seed=cell.seed,
+                    hyper=cell.hyper,
+                    progress=False,
+                    **kwargs,
+                ),
             )
         )
         run_s.append(time.perf_counter() - t0)

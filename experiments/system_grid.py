@@ -50,6 +50,7 @@ from fedjax_het.system import flhetbench, setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate
 from fedjax_het.training.online import upload_bytes
+from fedjax_het.training.options import run_options
 
 CASES = ("case1", "case2", "case3", "case4")
 OUT = common.RESULTS / "system_grid"
@@ -155,13 +156,15 @@ def main(args: argparse.Namespace) -> None:
             for system in grid:
                 simulate.run(
                     exp.data,
-                    exp.model,
-                    exp.algorithm,
-                    exp.sampler,
-                    system=system,
-                    seed=args.seed,
-                    progress=False,
-                    **kwargs,
+                    *run_options(
+                        model=exp.model,
+                        algorithm=exp.algorithm,
+                        sampler=exp.sampler,
+                        system=system,
+                        seed=args.seed,
+                        progress=False,
+                        **kwargs,
+                    ),
                 )
             record[name]["sequential_wall_s"] = time.perf_counter() - t0
             print(

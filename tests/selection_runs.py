@@ -19,8 +19,10 @@ def build(*overrides: str) -> config.Experiment:
 
 def run_with_distinct_cohorts(experiment: config.Experiment) -> simulate.History:
     """Runs ``experiment``; every round selected 3 distinct valid clients and it evaluated."""
-    history = simulate.run(experiment.data, experiment.model, experiment.algorithm,
-                           experiment.sampler, **experiment.run_kwargs(), progress=False)
+    history = simulate.run(
+        experiment.data,
+        *experiment.options(progress=False),
+    )
     selected, valid = np.asarray(history.schedule.selected), np.asarray(history.schedule.valid)
     for ids, ok in zip(selected, valid):
         assert ok.sum() == 3 and len(set(ids[ok].tolist())) == 3

@@ -34,6 +34,7 @@ from cohort_reference import (
 from fedjax_het import rng
 from fedjax_het.algorithms.agnostic_fedavg import agnostic_fedavg, domain_step
 from fedjax_het.algorithms.fedavg import fedavg
+from fedjax_het.engine.hooks import CohortProbe
 from fedjax_het.front.config import ConfigError, build, load
 
 LR, SERVER_LR = base.CLIENT_LR, base.SERVER_LR
@@ -155,7 +156,7 @@ def test_config_sets_domains_and_the_rule():
     overrides = ["algorithm.name='agnostic_fedavg'", "algorithm.domain_update='eg'",
                  f"algorithm.domains={[k % 2 for k in range(100)]}"]  # fmt: skip
     algorithm = build(load(None, overrides)).algorithm
-    assert algorithm.name == "agnostic_fedavg" and algorithm.probe is not None
+    assert algorithm.name == "agnostic_fedavg" and algorithm.hook(CohortProbe) is not None
     with pytest.raises(ConfigError, match="domain_update"):
         build(load(None, [*overrides[:1], "algorithm.domain_update='sgd'"]))
 

@@ -39,10 +39,12 @@ from fedjax_het.algorithms.apfl import APFLState, apfl
 from fedjax_het.data import FederatedData, LocalWork
 from fedjax_het.data.synthetic import leaf_synthetic
 from fedjax_het.engine import local
+from fedjax_het.engine.hooks import Personalized
 from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.models import Model
 from fedjax_het.sampling import uniform
 from fedjax_het.system.sampler import Sampler
+from fedjax_het.training.options import run_options
 from fedjax_het.training.simulate import run
 
 LR, SERVER_LR, ALPHA = base.CLIENT_LR, base.SERVER_LR, 0.3
@@ -114,7 +116,7 @@ def check_apfl(alpha_lr: float, precision: str = "float32", *tolerance: float):
         own = jax.tree.map(lambda s, k=k: s[k], states)
         alpha, v = float(own.alpha), base.as64(own.v)
         want = mix(alpha, v, server["x"]) if bool(own.started) else server["x"]
-        got = ALGORITHM.personal_params(state.server_state, own)
+        got = ALGORITHM.hook(Personalized).params(state.server_state, own)
         base.tree_close(got, want, *tolerance)
     return states
 
@@ -191,13 +193,23 @@ def test_a_run_reports_each_clients_personalised_accuracy():
     data = FederatedData.from_client_arrays(
         c.train_x, c.train_y, test_xs=c.test_x, test_ys=c.test_y, num_classes=base.C
     )
-    history = run(data, base.LOGREG, apfl(alpha_lr=0.5), uniform(6, 3), rounds=3, eval_every=3,
-                  work=LocalWork(batch_size=8, epochs=1), progress=False)  # fmt: skip
+    history = run(
+        data,
+        *run_options(
+            model=base.LOGREG,
+            algorithm=apfl(alpha_lr=0.5),
+            sampler=uniform(6, 3),
+            rounds=3,
+            eval_every=3,
+            work=LocalWork(batch_size=8, epochs=1),
+            progress=False,
+        ),
+    )  # fmt: skip
     assert history.personal_accuracy.shape == (6,)
     states = history.state.client_states
     for k in range(6):
         own = jax.tree.map(lambda s, k=k: s[k], states)
-        params = base.as64(apfl().personal_params(history.state.server_state, own))
+        params = base.as64(apfl().hook(Personalized).params(history.state.server_state, own))
         x, y = data.test.client(k)
         logits = x.astype(np.float64) @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"]
         accuracy = np.mean(np.argmax(logits, axis=1) == y)

@@ -425,7 +425,7 @@ def _range_cases() -> list:
     """Every algorithm's hyperparameters just outside their declared ranges."""
     cases = []
     for name in registry.names("algorithm"):
-        for key, interval in registry.lookup("algorithm", name)().hyper_ranges:
+        for key, interval in registry.lookup("algorithm", name)().hyperparameters.ranges:
             for bad in _outside(interval):
                 argv = (
                     "config",
@@ -485,8 +485,8 @@ def test_every_hyperparameter_declares_its_range():
     """So that RANGE_CASES reach it: a hyperparameter without a range accepts any finite number."""
     for name in registry.names("algorithm"):
         algorithm = registry.lookup("algorithm", name)()
-        ranged = {key for key, _ in algorithm.hyper_ranges}
-        assert [key for key, _ in algorithm.hyper_defaults if key not in ranged] == [], name
+        ranged = {key for key, _ in algorithm.hyperparameters.ranges}
+        assert [key for key, _ in algorithm.hyperparameters.defaults if key not in ranged] == [], name
 
 
 @pytest.mark.parametrize("c", OUTPUT_PATH_CASES)

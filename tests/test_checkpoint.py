@@ -67,9 +67,10 @@ def run(exp: config.Experiment, out, *, stop_at: int | None = None, signum=signa
         if line["round"] == stop_at:
             os.kill(os.getpid(), signum)
 
-    return simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler,
-                        **{**exp.run_kwargs(), **kwargs}, out_dir=out, config=exp.config,
-                        progress=False, on_eval=on_eval)
+    return simulate.run(
+        exp.data,
+        *exp.options(**kwargs, out_dir=out, config=exp.config, progress=False, on_eval=on_eval),
+    )
 
 
 def interrupted_then_resumed(exp, out, stop_at, **kwargs) -> tuple[Interrupted, simulate.History]:
@@ -150,9 +151,15 @@ def test_periodic_checkpoints_and_a_resume_from_one_after_a_hard_kill(tmp_path):
         if line["round"] == 6:  # (evaluated before the block's checkpoint is due)
             kept["file"] = (tmp_path / "cut" / checkpoint.FILE).read_bytes()
 
-    simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler, **exp.run_kwargs(),
-                 out_dir=tmp_path / "cut", config=exp.config, progress=False,
-                 on_eval=kill_after_six)
+    simulate.run(
+        exp.data,
+        *exp.options(
+            out_dir=tmp_path / "cut",
+            config=exp.config,
+            progress=False,
+            on_eval=kill_after_six,
+        ),
+    )
     (tmp_path / "cut" / checkpoint.FILE).write_bytes(kept["file"])
     assert checkpoint.load(tmp_path / "cut").done == 4
     assert_same_run(run(exp, tmp_path / "cut", resume=True), whole)
@@ -173,8 +180,10 @@ def test_a_checkpoint_of_another_model_is_refused_by_leaf(tmp_path):
         run(exp, tmp_path / "run", stop_at=2)
     wider = experiment("model.hidden=[9]")
     with pytest.raises(checkpoint.CheckpointError, match=r"Dense_0'\]\['bias'\] is float32\[8\], this run's is float32\[9\]"):
-        simulate.run(wider.data, wider.model, wider.algorithm, wider.sampler,
-                     **wider.run_kwargs(), out_dir=tmp_path / "run", resume=True, progress=False)
+        simulate.run(
+            wider.data,
+            *wider.options(out_dir=tmp_path / "run", resume=True, progress=False),
+        )
 
 
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):

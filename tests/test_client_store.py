@@ -32,11 +32,13 @@ from fedjax_het.engine.client_store import (
     available_memory,
     plan_client_state,
 )
+from fedjax_het.engine.hooks import Personalized, attach
 from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.front import config
 from fedjax_het.front.sweep import sweep
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.training.loop import train_loop
+from fedjax_het.training.options import run_options
 from fedjax_het.training.programs import Setup
 from fedjax_het.training.simulate import run
 
@@ -64,12 +66,14 @@ def client_finalize(params, ctx: LocalContext, hyper):
     return update, {"count": count, "mean": mean}
 
 
-STATEFUL = fedavg(
-    client_init=lambda params: {"count": jnp.zeros((), jnp.int32), "mean": params},
-    client_start=client_start,
-    client_finalize=client_finalize,
-    personal_params=lambda server_state, state: state["mean"],
-    name="running_mean",
+STATEFUL = attach(
+    fedavg(
+        client_init=lambda params: {"count": jnp.zeros((), jnp.int32), "mean": params},
+        client_start=client_start,
+        client_finalize=client_finalize,
+        name="running_mean",
+    ),
+    Personalized(lambda server_state, state: state["mean"]),
 )
 
 
@@ -257,14 +261,32 @@ def test_stateless_algorithms_cost_nothing_and_query_nothing():
 
 def test_summary_reports_placement_and_bytes():
     common = {"rounds": 3, "work": WORK, "eval_every": 3, "chunk": 3, "progress": False}
-    host = run(DATA, MODEL, STATEFUL, SAMPLER, client_state="host", **common)
+    host = run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=STATEFUL,
+            sampler=SAMPLER,
+            client_state="host",
+            **common,
+        ),
+    )
     assert host.summary["client_state_placement"] == "host"
     assert host.summary["client_state_bytes"] == 5 * ROW_BYTES  # clients 0-4 were written
-    device = run(DATA, MODEL, STATEFUL, SAMPLER, client_state="device", **common)
+    device = run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=STATEFUL,
+            sampler=SAMPLER,
+            client_state="device",
+            **common,
+        ),
+    )
     assert device.summary["client_state_placement"] == "device"
     assert device.summary["client_state_bytes"] == N * ROW_BYTES
     both(host.params, device.params)
-    stateless = run(DATA, MODEL, fedavg(), SAMPLER, **common)
+    stateless = run(DATA, *run_options(model=MODEL, algorithm=fedavg(), sampler=SAMPLER, **common))
     summary = stateless.summary
     assert (summary["client_state_placement"], summary["client_state_bytes"]) == ("none", 0)
 

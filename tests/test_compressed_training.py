@@ -30,10 +30,12 @@ from fedjax_het.algorithms.freezefl import freezefl
 from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.engine.algorithm import ClientStats
+from fedjax_het.engine.hooks import PayloadBytes
 from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 from fedjax_het.transforms import compression
 from fedjax_het.transforms.compression import (
     ErrorFeedbackState,
@@ -94,8 +96,24 @@ def test_top_k_with_error_feedback_matches_sequential_reference():
 
 
 def test_no_compression_is_plain_fedavg_bit_for_bit():
-    plain = simulate.run(DATA, MODEL, fedavg(), uniform(NUM_CLIENTS, 3), **COMMON)
-    wrapped = simulate.run(DATA, MODEL, compressed(fedavg()), uniform(NUM_CLIENTS, 3), **COMMON)
+    plain = simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=fedavg(),
+            sampler=uniform(NUM_CLIENTS, 3),
+            **COMMON,
+        ),
+    )
+    wrapped = simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=compressed(fedavg()),
+            sampler=uniform(NUM_CLIENTS, 3),
+            **COMMON,
+        ),
+    )
     jax.tree.map(np.testing.assert_array_equal, plain.params, wrapped.params)
     np.testing.assert_array_equal(plain.round_metrics["train_loss"],
                                   wrapped.round_metrics["train_loss"])  # fmt: skip
@@ -104,11 +122,29 @@ def test_no_compression_is_plain_fedavg_bit_for_bit():
 def test_randomised_encoding_does_not_depend_on_the_chunk():
     algorithm = compressed(fedavg(), upload=qsgd(4))
     runs = [
-        simulate.run(DATA, MODEL, algorithm, uniform(NUM_CLIENTS, 5), chunk=chunk, **COMMON)
+        simulate.run(
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=algorithm,
+                sampler=uniform(NUM_CLIENTS, 5),
+                chunk=chunk,
+                **COMMON,
+            ),
+        )
         for chunk in (2, 3)
     ]
     jax.tree.map(np.testing.assert_array_equal, runs[0].params, runs[1].params)
-    plain = simulate.run(DATA, MODEL, fedavg(), uniform(NUM_CLIENTS, 5), chunk=2, **COMMON)
+    plain = simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=fedavg(),
+            sampler=uniform(NUM_CLIENTS, 5),
+            chunk=2,
+            **COMMON,
+        ),
+    )
     gaps = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), runs[0].params, plain.params)
     assert max(jax.tree.leaves(gaps)) > 1e-4  # the quantisation did something
 
@@ -123,9 +159,18 @@ def test_the_schedule_carries_the_encoded_bytes():
     small = compressed(fedavg(), upload=top_k(0.05), download="float16")
     shapes = jax.eval_shape(MODEL.init, jax.random.key(0))
     full = 4 * sum(leaf.size for leaf in jax.tree.leaves(shapes))
-    assert small.payload(shapes) == (full // 2, compression.bytes_sent(top_k(0.05), shapes))
+    assert small.hook(PayloadBytes).count(shapes) == (full // 2, compression.bytes_sent(top_k(0.05), shapes))
     runs = {
-        name: simulate.run(DATA, MODEL, algorithm, uniform(NUM_CLIENTS, 3), system=sys, **COMMON)
+        name: simulate.run(
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=algorithm,
+                sampler=uniform(NUM_CLIENTS, 3),
+                system=sys,
+                **COMMON,
+            ),
+        )
         for name, algorithm in (("full", fedavg()), ("small", small))
     }
     assert np.sum(runs["small"].round_metrics["late"]) < np.sum(runs["full"].round_metrics["late"])
@@ -154,9 +199,16 @@ def test_signsgd_with_majority_vote_trains_on_one_bit_a_value():
     algorithm = compressed(fedavg(), upload=compression.sign(), majority_vote=True)
     shapes = jax.eval_shape(MODEL.init, jax.random.key(0))
     values = sum(leaf.size for leaf in jax.tree.leaves(shapes))
-    assert algorithm.payload(shapes)[1] == math.ceil(values / 8)
-    history = simulate.run(DATA, MODEL, algorithm, uniform(NUM_CLIENTS, 3),
-                           **{**COMMON, "rounds": 8, "hyper": {"client_lr": 0.1, "server_lr": 0.003}})
+    assert algorithm.hook(PayloadBytes).count(shapes)[1] == math.ceil(values / 8)
+    history = simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=algorithm,
+            sampler=uniform(NUM_CLIENTS, 3),
+            **{**COMMON, "rounds": 8, "hyper": {"client_lr": 0.1, "server_lr": 0.003}},
+        ),
+    )
     assert history.metrics[-1]["test_loss"] < history.metrics[0]["test_loss"]
 
 
@@ -179,8 +231,15 @@ def test_impossible_compression_is_a_one_line_error(make):
 
 def test_an_update_that_is_not_a_model_delta_is_refused():
     with pytest.raises(ValueError, match="more than a model delta"):
-        simulate.run(DATA, MODEL, compressed(scaffold(), upload=top_k(0.1)),
-                     uniform(NUM_CLIENTS, 3), **COMMON)  # fmt: skip
+        simulate.run(
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=compressed(scaffold(), upload=top_k(0.1)),
+                sampler=uniform(NUM_CLIENTS, 3),
+                **COMMON,
+            ),
+        )  # fmt: skip
 
 
 def test_compression_table_in_the_config():

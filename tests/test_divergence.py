@@ -14,6 +14,7 @@ from fedjax_het.front import cli, config
 from fedjax_het.sampling import uniform
 from fedjax_het.training import simulate
 from fedjax_het.training.divergence import Diverged, first_divergence
+from fedjax_het.training.options import run_options
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3",
@@ -76,9 +77,19 @@ def poisoned(nan_client: int) -> FederatedData:
 def run_poisoned(nonfinite: str) -> simulate.History:
     """FedAvg over all six clients a round, client 2 poisoned."""
     return simulate.run(
-        poisoned(nan_client=2), models.logistic_regression((4,), 3), fedavg(),
-        uniform(num_clients=6, cohort_size=6), rounds=6, work=LocalWork(batch_size=4),
-        hyper={"client_lr": 0.1}, eval_every=2, progress=False, devices=1, nonfinite=nonfinite,
+        poisoned(nan_client=2),
+        *run_options(
+            model=models.logistic_regression((4,), 3),
+            algorithm=fedavg(),
+            sampler=uniform(num_clients=6, cohort_size=6),
+            rounds=6,
+            work=LocalWork(batch_size=4),
+            hyper={"client_lr": 0.1},
+            eval_every=2,
+            progress=False,
+            devices=1,
+            nonfinite=nonfinite,
+        ),
     )
 
 

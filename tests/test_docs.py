@@ -27,6 +27,7 @@ from fedjax_het import models, registry, rng
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampling import uniform
+from fedjax_het.training.options import run_options
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -113,16 +114,18 @@ def scratch_registry(monkeypatch):
 def one_round(algorithm, data, hyper=None):
     return fedjax_het.run(
         data,
-        models.logistic_regression(data.example_shape, data.num_classes),
-        algorithm,
-        uniform(num_clients=data.num_clients, cohort_size=5),
-        rounds=1,
-        hyper=hyper,
-        work=fedjax_het.LocalWork(batch_size=10, epochs=1),
-        weighting="uniform",
-        eval_every=1,
-        progress=False,
-        devices=1,
+        *run_options(
+            model=models.logistic_regression(data.example_shape, data.num_classes),
+            algorithm=algorithm,
+            sampler=uniform(num_clients=data.num_clients, cohort_size=5),
+            rounds=1,
+            hyper=hyper,
+            work=fedjax_het.LocalWork(batch_size=10, epochs=1),
+            weighting="uniform",
+            eval_every=1,
+            progress=False,
+            devices=1,
+        ),
     ).params
 
 

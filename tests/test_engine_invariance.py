@@ -36,6 +36,7 @@ from fedjax_het.sampling import uniform
 from fedjax_het.system import setup as system_setup
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 NUM_FEATURES, NUM_CLASSES, NUM_CLIENTS = 5, 3, 10
 CLIENTS = leaf_synthetic(
@@ -151,8 +152,18 @@ def test_same_seed_gives_bitwise_identical_runs():
 
     def once():
         return simulate.run(
-            DATA, MODEL, ALGORITHM, uniform(NUM_CLIENTS, 4), rounds=2, work=WORK,
-            hyper={"client_lr": 0.1}, seed=3, eval_every=2, progress=False,
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=ALGORITHM,
+                sampler=uniform(NUM_CLIENTS, 4),
+                rounds=2,
+                work=WORK,
+                hyper={"client_lr": 0.1},
+                seed=3,
+                eval_every=2,
+                progress=False,
+            ),
         )  # fmt: skip
 
     first = once()
@@ -175,9 +186,20 @@ def test_adaptive_server_under_deadlines_and_dropout_does_not_depend_on_the_chun
 
     def with_chunk(chunk):
         return simulate.run(
-            DATA, MODEL, fedadam(), uniform(NUM_CLIENTS, 8), rounds=8, work=WORK,
-            hyper={"client_lr": 0.1, "server_lr": 0.05}, eval_every=4, chunk=chunk, system=sys,
-            devices=1, progress=False,
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=fedadam(),
+                sampler=uniform(NUM_CLIENTS, 8),
+                rounds=8,
+                work=WORK,
+                hyper={"client_lr": 0.1, "server_lr": 0.05},
+                eval_every=4,
+                chunk=chunk,
+                system=sys,
+                devices=1,
+                progress=False,
+            ),
         )  # fmt: skip
 
     three = with_chunk(3)
@@ -238,7 +260,7 @@ def masked_client(params, tasks, step_limit, train):
 @jax.jit
 def unmasked_client(params, indices, train):
     """Local SGD written without any mask: scan over batches, mean loss, optax step."""
-    optimizer = ALGORITHM.client_optimizer(HYPER)
+    optimizer = ALGORITHM.local.optimizer(HYPER)
 
     def step(carry, rows):
         p, opt_state = carry

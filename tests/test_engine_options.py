@@ -81,7 +81,9 @@ def test_run_compiles_its_block_and_evaluation_at_the_requested_precision(
     exp = _experiment(f'engine.matmul_precision="{asked}"')
     histories = []
     found = _dumped(tmp_path, lambda: histories.append(simulate.run(
-        exp.data, exp.model, exp.algorithm, exp.sampler, **exp.run_kwargs(), progress=False)))
+        exp.data,
+        *exp.options(progress=False),
+    )))
     names = " ".join(found)
     assert "run_block" in names and "evaluate" in names, found
     assert set().union(*found.values()) == {(attribute, attribute)}, found
@@ -103,8 +105,10 @@ def test_sweep_compiles_its_programs_at_the_requested_precision(tmp_path):
 
 def test_the_precision_is_a_context_only_while_the_run_lasts():
     exp = _experiment()
-    simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler, **exp.run_kwargs(),
-                 progress=False)
+    simulate.run(
+        exp.data,
+        *exp.options(progress=False),
+    )
     assert jax.config.jax_default_matmul_precision is None
 
 
@@ -132,8 +136,10 @@ def test_on_cpu_the_three_precisions_are_the_same_arithmetic():
 def test_a_run_at_default_precision_matches_highest_bit_for_bit_on_cpu():
     exp = _experiment()
     runs = [
-        simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler,
-                     **{**exp.run_kwargs(), "matmul_precision": p}, progress=False)
+        simulate.run(
+            exp.data,
+            *exp.options(**{**exp.run_kwargs(), "matmul_precision": p}, progress=False),
+        )
         for p in ("highest", "default")
     ]
     for got, want in zip(jax.tree.leaves(runs[1].params), jax.tree.leaves(runs[0].params)):
@@ -160,8 +166,10 @@ def test_the_python_api_refuses_an_unknown_precision_before_running():
     exp = _experiment()
     with pytest.raises(ValueError, match="matmul_precision must be one of 'default', 'high', "
                                          "'highest', got 'bfloat16'"):
-        simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler,
-                     **{**exp.run_kwargs(), "matmul_precision": "bfloat16"}, progress=False)
+        simulate.run(
+            exp.data,
+            *exp.options(**{**exp.run_kwargs(), "matmul_precision": "bfloat16"}, progress=False),
+        )
 
 
 # --- compile_cache ---------------------------------------------------------------------------

@@ -18,9 +18,11 @@ from fedjax_het import models
 from fedjax_het.algorithms.fetchsgd import CountSketch, fetchsgd
 from fedjax_het.data import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.engine.hooks import PayloadBytes
 from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.sampling import uniform
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 D = 40
 SKETCH = CountSketch.draw(D, rows=3, cols=16, seed=5)
@@ -89,12 +91,23 @@ def test_fetchsgd_trains_and_uploads_its_sketch():
     data = leaf_synthetic(num_clients=6, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
     model = models.mlp(data.example_shape, data.num_classes, hidden=(8,))
     algorithm = fetchsgd(rows=3, cols=20, k=0.2)
-    history = simulate.run(data, model, algorithm, uniform(6, 3), rounds=8, eval_every=4,
-                           work=LocalWork(batch_size=5, epochs=1), progress=False, devices=1,
-                           hyper={"client_lr": 0.1})  # fmt: skip
+    history = simulate.run(
+        data,
+        *run_options(
+            model=model,
+            algorithm=algorithm,
+            sampler=uniform(6, 3),
+            rounds=8,
+            eval_every=4,
+            work=LocalWork(batch_size=5, epochs=1),
+            progress=False,
+            devices=1,
+            hyper={"client_lr": 0.1},
+        ),
+    )  # fmt: skip
     assert history.metrics[-1]["test_loss"] < history.metrics[0]["test_loss"]
     shapes = jax.eval_shape(model.init, jax.random.key(0))
-    assert algorithm.payload(shapes) == (4 * 83, 4 * 3 * 20)
+    assert algorithm.hook(PayloadBytes).count(shapes) == (4 * 83, 4 * 3 * 20)
 
 
 @pytest.mark.parametrize("override", ["algorithm.k=0.0", "algorithm.rows=0", "algorithm.momentum=1.0"])

@@ -29,6 +29,7 @@ from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.sampling import power_of_choice, uniform
 from fedjax_het.system import setup
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 NUM_CLIENTS = 6
 DATA = leaf_synthetic(num_clients=NUM_CLIENTS, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
@@ -63,7 +64,16 @@ def float_dtypes(tree) -> set[jnp.dtype]:
 
 def test_float64_without_x64_is_refused_in_one_line():
     with pytest.raises(ValueError, match="jax_enable_x64") as err:
-        simulate.run(DATA, MODEL, fedavg(), uniform(NUM_CLIENTS, 3), precision="float64", **COMMON)
+        simulate.run(
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=fedavg(),
+                sampler=uniform(NUM_CLIENTS, 3),
+                precision="float64",
+                **COMMON,
+            ),
+        )
     assert "\n" not in str(err.value)
 
 
@@ -83,9 +93,15 @@ def test_a_config_asking_for_float64_switches_x64_on():
 @pytest.mark.parametrize("name", sorted(set(algorithms.__all__) - {"optimizers"}))
 def test_every_algorithm_runs_in_float64(x64, name):
     history = simulate.run(
-        DATA, MODEL, SMALL.get(name, getattr(algorithms, name))(), uniform(NUM_CLIENTS, 3),
-        precision="float64",
-        system=system(), **COMMON,
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=SMALL.get(name, getattr(algorithms, name))(),
+            sampler=uniform(NUM_CLIENTS, 3),
+            precision="float64",
+            system=system(),
+            **COMMON,
+        ),
     )  # fmt: skip
     assert float_dtypes(history.params) == {F64}
     assert np.isfinite(history.metrics[-1]["test_loss"])
@@ -95,8 +111,17 @@ def test_every_algorithm_runs_in_float64(x64, name):
 def test_float64_is_float32_without_its_rounding(x64):
     """The float64 run follows the float32 run's schedule and stays close to it, but not equal."""
     runs = [
-        simulate.run(DATA, MODEL, fedavg(), uniform(NUM_CLIENTS, 3), precision=p,
-                     system=system(), **COMMON)
+        simulate.run(
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=fedavg(),
+                sampler=uniform(NUM_CLIENTS, 3),
+                precision=p,
+                system=system(),
+                **COMMON,
+            ),
+        )
         for p in ("float32", "float64")
     ]  # fmt: skip
     (low, high) = runs
@@ -110,12 +135,27 @@ def test_float64_is_float32_without_its_rounding(x64):
 @pytest.mark.slow
 def test_online_schedule_learned_selection_and_sweep_in_float64(x64):
     frozen = simulate.run(
-        DATA, MODEL, freezefl(), uniform(NUM_CLIENTS, 3), precision="float64",
-        system=system("wait_all"), **COMMON,
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=freezefl(),
+            sampler=uniform(NUM_CLIENTS, 3),
+            precision="float64",
+            system=system("wait_all"),
+            **COMMON,
+        ),
     )  # fmt: skip
     chosen = simulate.run(
-        DATA, MODEL, fedavg(), uniform(NUM_CLIENTS, 3), precision="float64", system=system(),
-        select=power_of_choice(NUM_CLIENTS, 3, candidates=5), **COMMON,
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=fedavg(),
+            sampler=uniform(NUM_CLIENTS, 3),
+            precision="float64",
+            system=system(),
+            select=power_of_choice(NUM_CLIENTS, 3, candidates=5),
+            **COMMON,
+        ),
     )  # fmt: skip
     cells = fedjax_het.sweep(
         DATA, MODEL, fedavg(), uniform(NUM_CLIENTS, 3), seeds=(0, 1), systems=[system()] * 2,

@@ -122,8 +122,10 @@ def test_configs_a_sweep_cannot_run_go_cell_by_cell():
 def alone(config) -> simulate.History:
     """``simulate.run`` of one cell's resolved config, as ``fedjax-het run`` would train it."""
     exp = config_lib.build(config)
-    return simulate.run(exp.data, exp.model, exp.algorithm, exp.sampler, **exp.run_kwargs(),
-                        progress=False)
+    return simulate.run(
+        exp.data,
+        *exp.options(progress=False),
+    )
 
 
 def test_each_cell_trains_what_run_trains_from_its_config(tmp_path):

@@ -39,6 +39,7 @@ from fedjax_het.algorithms.mime import mime, mimelite
 from fedjax_het.data import LocalWork
 from fedjax_het.engine import local
 from fedjax_het.engine.cohort import client_mesh
+from fedjax_het.engine.hooks import PayloadBytes
 from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.transforms.privacy import private
@@ -136,7 +137,7 @@ def toy_round(algorithm, store, *, chunk: int = 2, mesh=None):
     0.2) and ``β = 0``."""
     round_, key = toy_setup(algorithm, store, chunk=chunk, mesh=mesh), jax.random.key(0)
     rates = {"client_lr": 1.0, "server_lr": 0.2, "mime_momentum": 0.0}
-    hyper = algorithm.hyper({k: v for k, v in rates.items() if k in dict(algorithm.hyper_defaults)})
+    hyper = algorithm.hyper({k: v for k, v in rates.items() if k in dict(algorithm.hyperparameters.defaults)})
     state = init_state(round_.model, algorithm, len(store.count), hyper, key)
     step = jax.jit(lambda s: round_.step(s, jnp.int32(0), hyper, device_split(store), key))
     return step(state)[0].server_state
@@ -191,7 +192,7 @@ def test_payload_counts_the_momentum_and_the_gradient():
     for algorithm, models_down in ((mime(), 3), (mimelite(), 2)):
         state = algorithm.server_init(params, algorithm.hyper(), 4)
         for sent in (params, algorithm.broadcast(state)):
-            assert algorithm.payload(sent) == (40 * models_down, 80)
+            assert algorithm.hook(PayloadBytes).count(sent) == (40 * models_down, 80)
 
 
 def test_slots_from_older_models_and_dp_are_refused_in_one_line():

@@ -11,6 +11,7 @@ from fedjax_het import models
 from fedjax_het.algorithms import fedavg
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.sampling import uniform
+from fedjax_het.training.options import run_options
 
 
 class MLP(nnx.Module):
@@ -91,14 +92,16 @@ def test_a_federated_run_of_the_nnx_model_equals_the_linen_one():
     runs = [
         fedjax_het.run(
             data,
-            model,
-            fedavg(),
-            uniform(num_clients=12, cohort_size=4),
-            rounds=6,
-            work=fedjax_het.LocalWork(batch_size=8, epochs=1),
-            hyper={"client_lr": 0.1},
-            eval_every=3,
-            progress=False,
+            *run_options(
+                model=model,
+                algorithm=fedavg(),
+                sampler=uniform(num_clients=12, cohort_size=4),
+                rounds=6,
+                work=fedjax_het.LocalWork(batch_size=8, epochs=1),
+                hyper={"client_lr": 0.1},
+                eval_every=3,
+                progress=False,
+            ),
         )
         for model in (linen, nnx_model)
     ]

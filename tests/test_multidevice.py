@@ -27,6 +27,7 @@ from fedjax_het.engine.local import ClientTask, local_update
 from fedjax_het.front import config
 from fedjax_het.front.sweep import sweep
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 RTOL, ATOL = 1e-5, 1e-6
 TINY = [
@@ -42,7 +43,16 @@ def experiment(*sets: str) -> config.Experiment:
 
 def run(e: config.Experiment, devices: int, **kwargs) -> simulate.History:
     kwargs = {**e.run_kwargs(), "devices": devices, **kwargs}
-    return simulate.run(e.data, e.model, e.algorithm, e.sampler, **kwargs, progress=False)
+    return simulate.run(
+        e.data,
+        *run_options(
+            model=e.model,
+            algorithm=e.algorithm,
+            sampler=e.sampler,
+            **kwargs,
+            progress=False,
+        ),
+    )
 
 
 def close(a, b) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from fedjax_het.front import cli, config
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 TINY = [
     'data.name="synthetic"', "data.num_clients=10", "sampler.clients_per_round=7",
@@ -64,7 +65,16 @@ def test_two_processes_match_one_and_only_process_0_writes(tmp_path):
 
     e = config.build(config.load(None, TINY))
     kwargs = {**e.run_kwargs(), "devices": 4}
-    alone = simulate.run(e.data, e.model, e.algorithm, e.sampler, **kwargs, progress=False)
+    alone = simulate.run(
+        e.data,
+        *run_options(
+            model=e.model,
+            algorithm=e.algorithm,
+            sampler=e.sampler,
+            **kwargs,
+            progress=False,
+        ),
+    )
     together = metrics(tmp_path / "out0" / "metrics.jsonl")
     assert [m["round"] for m in together] == [m["round"] for m in alone.metrics]
     for key in ("test_loss", "test_accuracy", "train_loss", "personal_accuracy_mean"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,13 +15,16 @@ from fedjax_het.algorithms.freezefl import depth_masks, freeze_objective, freeze
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
 from fedjax_het.engine import round as round_lib
-from fedjax_het.engine.algorithm import Freezing, masked_mean
+from fedjax_het.engine.algorithm import masked_mean
+from fedjax_het.engine.hooks import Freezing, attach
 from fedjax_het.sampling import power_of_choice, uniform
 from fedjax_het.system import setup
 from fedjax_het.system.flhetbench import participation_counts
+from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.sampler import ClientRecord
 from fedjax_het.system.schedule import OK, select_among_ready
 from fedjax_het.training import online, simulate
+from fedjax_het.training.options import run_options
 
 N, M = 12, 4
 DATA = leaf_synthetic(num_clients=N, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
@@ -40,11 +45,20 @@ def system(*, kind="wait_all", bandwidth=1e3) -> setup.System:
 def forced_freezing(depth: int, probe_share: float):
     """FedAvg with layer-wise aggregation whose clients all freeze ``depth`` layers."""
     rule = Freezing(probe_share, depth_masks, lambda *_: jnp.int32(depth))
-    return fedavg(aggregator=masked_mean(), freezing=rule, name=f"frozen{depth}")
+    return attach(fedavg(aggregator=masked_mean(), name=f"frozen{depth}"), rule)
 
 
 def run(algorithm, sys, **kw):
-    return simulate.run(DATA, MODEL, algorithm, uniform(N, M), system=sys, **{**COMMON, **kw})
+    return simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=algorithm,
+            sampler=uniform(N, M),
+            system=sys,
+            **{**COMMON, **kw},
+        ),
+    )
 
 
 def initial_state() -> round_lib.RunState:
@@ -86,8 +100,15 @@ def test_depth_counts_layers_from_the_input_in_the_forward_order_not_the_sorted_
     start = start.server_state.params  # what the run starts from (seed 0)
     assert models.layer_order(lstm, start, data.train.x[:1])[0] == "Embed_0"
     frozen = simulate.run(
-        data, lstm, forced_freezing(1, probe_share=0.0), uniform(N, M), system=system(),
-        devices=1, **COMMON,
+        data,
+        *run_options(
+            model=lstm,
+            algorithm=forced_freezing(1, probe_share=0.0),
+            sampler=uniform(N, M),
+            system=system(),
+            devices=1,
+            **COMMON,
+        ),
     )  # fmt: skip  (one device: the char models' flax scan does not run under shard_map)
     # Frozen: still the start (to float32 rounding: the run initialises inside jit, this
     # test outside, and the embedding's normal draw may differ in the last bit); trained, it
@@ -161,7 +182,15 @@ def test_freezefl_freezes_on_a_slow_uplink_and_saves_upload_bytes():
     assert np.any(sent == LAYER_BYTES["Dense_1"])  # somebody froze Dense_0
     assert frozen.summary["bytes_up"] < plain.summary["bytes_up"]
     with pytest.raises(ValueError, match="give run a system"):
-        simulate.run(DATA, MODEL, freezefl(), uniform(N, M), **COMMON)
+        simulate.run(
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=freezefl(),
+                sampler=uniform(N, M),
+                **COMMON,
+            ),
+        )
 
 
 def test_power_of_choice_learns_from_the_record():
@@ -203,3 +232,43 @@ def test_power_of_choice_takes_the_highest_losses_among_ready_candidates():
     few = jnp.zeros(6, bool).at[0].set(True)
     ids, valid = power_of_choice(6, 3, candidates=4)(jax.random.key(1), 0, few, record)
     assert ids[0] == 0 and valid.tolist() == [True, False, False]
+
+
+def test_both_schedules_price_a_scaffold_round_alike_and_log_round_zero_alike(tmp_path):
+    # SCAFFOLD sends its control variate down and its change up: twice the model each way,
+    # on the planned schedule and on the in-loop one (one pricing, training.costs).
+    from fedjax_het.algorithms import scaffold
+
+    sys = system(kind="deadline")
+    among_ready = select_among_ready(N, M)
+    select = lambda key, r, ready, record: among_ready(key, r, ready)
+    online = run(scaffold(), sys, select=select, out_dir=tmp_path / "online")
+    offline = run(scaffold(), sys, out_dir=tmp_path / "offline")
+    for got, want in zip(jax.tree.leaves(online.schedule), jax.tree.leaves(offline.schedule)):
+        np.testing.assert_array_equal(got, want)
+    model_bytes = sum(LAYER_BYTES.values())
+    ok = np.asarray(offline.schedule.outcome) == OK
+    assert np.all(np.asarray(offline.schedule.bytes_up)[ok] == 2 * model_bytes)
+    first = [
+        json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
+        for name in ("online", "offline")
+    ]
+    assert first[0]["round"] == first[1]["round"] == 0
+    assert first[0].keys() == first[1].keys() and first[0]["virtual_s"] == 0.0
+
+
+def test_an_in_loop_run_no_client_will_ever_join_is_refused_before_its_directory(tmp_path):
+    from fedjax_het.schema import ConfigError
+    from fedjax_het.system.availability import Availability
+
+    full = lambda v: jnp.full((N,), v, jnp.float32)
+    nobody = ClientProfiles(
+        step_time=full(0.1), down_mean=full(1e3), down_std=full(0.0), up_mean=full(1e3),
+        up_std=full(0.0), trace=jnp.zeros((N,), jnp.int32), dropout=full(0.0),
+        availability=Availability.from_intervals([np.zeros((0, 2))], 1000.0),
+    )
+    never = setup.System(nobody, setup.policy_from_options(kind="deadline", deadline=4.0))
+    select = power_of_choice(N, M, candidates=8)
+    with pytest.raises(ConfigError, match="no client is ever ready again from round 0"):
+        run(fedavg(), never, select=select, out_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

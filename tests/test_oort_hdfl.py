@@ -36,6 +36,7 @@ from fedjax_het.system.policy import num_selected
 from fedjax_het.system.sampler import ClientRecord, ClientReport
 from fedjax_het.system.schedule import OK, schedule_round
 from fedjax_het.training import online, simulate
+from fedjax_het.training.options import run_options
 
 N, M = 8, 3
 DATA = leaf_synthetic(num_clients=N, alpha=0.5, beta=0.5, num_features=4, num_classes=3)
@@ -377,10 +378,20 @@ def test_a_run_selects_distinct_clients_and_compiles_once(name):
         return selection.select(*args)
 
     history = simulate.run(
-        DATA, MODEL, fedavg(), uniform(N, M), system=sys,
-        select=dataclasses.replace(selection, select=counted), rounds=6, eval_every=2,
-        work=WORK, hyper={"client_lr": 0.1}, progress=False,
-        weighting="uniform" if name == "hdfl" else "examples",
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=fedavg(),
+            sampler=uniform(N, M),
+            system=sys,
+            select=dataclasses.replace(selection, select=counted),
+            rounds=6,
+            eval_every=2,
+            work=WORK,
+            hyper={"client_lr": 0.1},
+            progress=False,
+            weighting="uniform" if name == "hdfl" else "examples",
+        ),
     )
     assert len(traces) == 1  # three blocks, one compilation
     s = history.schedule

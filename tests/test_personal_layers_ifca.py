@@ -31,9 +31,11 @@ from fedjax_het.data import FederatedData, LocalWork
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.data.synthetic import leaf_synthetic
 from fedjax_het.engine import local
+from fedjax_het.engine.hooks import Personalized
 from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.sampling import uniform
 from fedjax_het.system.sampler import Sampler
+from fedjax_het.training.options import run_options
 from fedjax_het.training.simulate import run
 
 F, C, H = 5, 3, 6
@@ -232,7 +234,7 @@ def test_personal_layers_match_sequential_reference(algorithm, trains):
                     lambda a, b, k=k: np.testing.assert_array_equal(a, b[k]), mine, old_states
                 )
             tree_close(mine, heads[k])
-    personal = fast_jit(jax.vmap(algorithm.personal_params, in_axes=(None, 0)))(
+    personal = fast_jit(jax.vmap(algorithm.hook(Personalized).params, in_axes=(None, 0)))(
         state.server_state, state.client_states
     )
     tree_close(jax.tree.map(lambda p: p[2], personal), {**body, **heads[2]})
@@ -309,7 +311,7 @@ def test_ifca_matches_sequential_reference():
             tolerance = {} if sizes[j] else {"rtol": 0, "atol": 0}  # no members: bitwise kept
             tree_close(mine, cluster_models[j], **tolerance)
     assert len(chosen) >= 2, "the test should exercise more than one cluster"
-    personal = fast_jit(algorithm.personal_params)(state.server_state, jnp.int32(stored[2]))
+    personal = fast_jit(algorithm.hook(Personalized).params)(state.server_state, jnp.int32(stored[2]))
     tree_close(personal, cluster_models[stored[2]])
 
 
@@ -372,18 +374,20 @@ def test_run_reports_each_clients_own_model(algorithm):
     )
     history = run(
         data,
-        MLP,
-        algorithm,
-        uniform(6, 3),
-        rounds=3,
-        eval_every=3,
-        work=LocalWork(batch_size=8, epochs=1),
-        progress=False,
+        *run_options(
+            model=MLP,
+            algorithm=algorithm,
+            sampler=uniform(6, 3),
+            rounds=3,
+            eval_every=3,
+            work=LocalWork(batch_size=8, epochs=1),
+            progress=False,
+        ),
     )
     assert history.personal_accuracy is not None and history.personal_accuracy.shape == (6,)
     state = history.state
     for k in range(6):
-        own = algorithm.personal_params(
+        own = algorithm.hook(Personalized).params(
             state.server_state, jax.tree.map(lambda s, k=k: s[k], state.client_states)
         )
         x, y = data.test.client(k)

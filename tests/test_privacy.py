@@ -30,6 +30,7 @@ import test_scaffold_feddyn as reference
 
 from fedjax_het import rng
 from fedjax_het.algorithms import fedavg, scaffold
+from fedjax_het.engine.hooks import ServerMetrics
 from fedjax_het.engine.round import server_stream
 from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.transforms import privacy
@@ -227,7 +228,7 @@ def test_adaptive_clip_without_noise_settles_at_the_median_norm():
 def test_adaptive_clipping_from_the_config_records_its_clip_norm():
     experiment = build(load(None, ["privacy.adaptive=true", "privacy.noise_multiplier=0.5",
                                    "privacy.clip_norm=0.1"]))  # fmt: skip
-    assert experiment.algorithm.server_metrics is not None
+    assert experiment.algorithm.hook(ServerMetrics) is not None
     with pytest.raises(ConfigError, match=r"dp_noise must lie in \[0, 1\)") as err:
         build(load(None, ["privacy.adaptive=true", "privacy.noise_multiplier=1.5"]))
     assert "\n" not in str(err.value)

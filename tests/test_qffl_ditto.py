@@ -35,9 +35,11 @@ from fedjax_het.data.federated import ClientArrays
 from fedjax_het.data.synthetic import leaf_synthetic
 from fedjax_het.engine import local
 from fedjax_het.engine.algorithm import ClientStats
+from fedjax_het.engine.hooks import Personalized
 from fedjax_het.engine.round import Round, device_split, init_state
 from fedjax_het.sampling import uniform
 from fedjax_het.system.sampler import Sampler
+from fedjax_het.training.options import run_options
 from fedjax_het.training.simulate import run
 
 F, C = 5, 3
@@ -331,7 +333,7 @@ def test_ditto_matches_sequential_reference(lam):
                     lambda a, b, k=k: np.testing.assert_array_equal(a, b[k]), mine, old_states
                 )
             tree_close(mine, personal[k])
-    own = fast_jit(jax.vmap(DITTO.personal_params, in_axes=(None, 0)))(
+    own = fast_jit(jax.vmap(DITTO.hook(Personalized).params, in_axes=(None, 0)))(
         state.server_state, state.client_states
     )
     tree_close(jax.tree.map(lambda p: p[2], own), personal[2])
@@ -393,18 +395,20 @@ def test_ditto_run_reports_each_clients_personal_model():
     )
     history = run(
         data,
-        LOGREG,
-        DITTO,
-        uniform(6, 3),
-        rounds=3,
-        eval_every=3,
-        work=LocalWork(batch_size=8, epochs=1),
-        progress=False,
+        *run_options(
+            model=LOGREG,
+            algorithm=DITTO,
+            sampler=uniform(6, 3),
+            rounds=3,
+            eval_every=3,
+            work=LocalWork(batch_size=8, epochs=1),
+            progress=False,
+        ),
     )
     assert history.personal_accuracy is not None and history.personal_accuracy.shape == (6,)
     states = history.state.client_states
     for k in range(6):
-        own = DITTO.personal_params(
+        own = DITTO.hook(Personalized).params(
             history.state.server_state, jax.tree.map(lambda s, k=k: s[k], states)
         )
         x, y = data.test.client(k)

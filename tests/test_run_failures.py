@@ -27,6 +27,7 @@ from fedjax_het.front import cli, config
 from fedjax_het.sampling import uniform
 from fedjax_het.training import checkpoint, simulate
 from fedjax_het.training.interrupt import Interrupted
+from fedjax_het.training.options import run_options
 from fedjax_het.transforms import privacy
 
 TINY = [
@@ -89,13 +90,7 @@ def experiment(*extra: str) -> config.Experiment:
 def run(exp: config.Experiment, out, **kwargs) -> simulate.History:
     return simulate.run(
         exp.data,
-        exp.model,
-        exp.algorithm,
-        exp.sampler,
-        **{**exp.run_kwargs(), **kwargs},
-        out_dir=out,
-        config=exp.config,
-        progress=False,
+        *exp.options(**kwargs, out_dir=out, config=exp.config, progress=False),
     )
 
 
@@ -131,14 +126,7 @@ def test_a_second_and_third_signal_while_stopping_still_write_everything(tmp_pat
     with pytest.raises(Interrupted) as stopped:
         simulate.run(
             exp.data,
-            exp.model,
-            exp.algorithm,
-            exp.sampler,
-            **exp.run_kwargs(),
-            out_dir=tmp_path,
-            config=exp.config,
-            progress=False,
-            on_eval=on_eval,
+            *exp.options(out_dir=tmp_path, config=exp.config, progress=False, on_eval=on_eval),
         )
     assert (stopped.value.done, stopped.value.exit_code) == (4, 130)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -402,16 +390,18 @@ def _dropping_run(data, rounds: int) -> simulate.History:
     """FedAvg on 4 clients, 2 a round, non-finite updates dropped."""
     return simulate.run(
         data,
-        models.logistic_regression((4,), 3),
-        fedavg(),
-        uniform(num_clients=4, cohort_size=2),
-        rounds=rounds,
-        work=LocalWork(batch_size=4),
-        hyper={"client_lr": 0.1},
-        eval_every=2,
-        progress=False,
-        devices=1,
-        nonfinite="drop",
+        *run_options(
+            model=models.logistic_regression((4,), 3),
+            algorithm=fedavg(),
+            sampler=uniform(num_clients=4, cohort_size=2),
+            rounds=rounds,
+            work=LocalWork(batch_size=4),
+            hyper={"client_lr": 0.1},
+            eval_every=2,
+            progress=False,
+            devices=1,
+            nonfinite="drop",
+        ),
     )
 
 

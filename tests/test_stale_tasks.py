@@ -27,6 +27,7 @@ from fedjax_het.system import profiles as prof
 from fedjax_het.system import schedule as scheduling
 from fedjax_het.system import setup
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 N, M, DEADLINE, OVERHEAD = 8, 3, 10.0, 1.0
 STEP_TIME = np.array([1.0, 2.5, 4.0, 6.5, 9.0, 13.0, 21.0, 35.0])  # one task = 3 steps
@@ -97,9 +98,19 @@ def test_biasprompt_plus_trains_stale_arrivals_from_their_round():
     clients = prof.uniform_profiles(12).replace(
         step_time=jnp.asarray(np.geomspace(0.05, 3.0, 12), jnp.float32))
     system = setup.System(clients, policies.deadline(2.0, max_staleness=3))
-    h = simulate.run(data, model, biasprompt_plus(), uniform(12, 4), rounds=12,
-                     work=LocalWork(batch_size=5, epochs=1), system=system, eval_every=6,
-                     progress=False)
+    h = simulate.run(
+        data,
+        *run_options(
+            model=model,
+            algorithm=biasprompt_plus(),
+            sampler=uniform(12, 4),
+            rounds=12,
+            work=LocalWork(batch_size=5, epochs=1),
+            system=system,
+            eval_every=6,
+            progress=False,
+        ),
+    )
     staleness = h.round_metrics["staleness_max"]
     assert staleness.max() >= 1 and staleness.max() <= 3
     assert np.isfinite(h.summary["final_test_loss"])

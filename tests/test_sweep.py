@@ -14,6 +14,7 @@ from fedjax_het.front.sweep import sweep
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.training import simulate
+from fedjax_het.training.options import run_options
 
 NUM_CLIENTS = 12
 DATA = leaf_synthetic(num_clients=NUM_CLIENTS, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
@@ -41,7 +42,15 @@ def test_each_cell_trains_what_run_trains_alone():
     for i in (1, 2):  # (systems[0], seed 4) and (systems[1], seed 3)
         history = cells[i]
         alone = simulate.run(
-            DATA, MODEL, ALGORITHM, SAMPLER, system=systems[i // 2], seed=(3, 4)[i % 2], **COMMON
+            DATA,
+            *run_options(
+                model=MODEL,
+                algorithm=ALGORITHM,
+                sampler=SAMPLER,
+                system=systems[i // 2],
+                seed=(3, 4)[i % 2],
+                **COMMON,
+            ),
         )
         # The schedule has no floating-point reductions across cells: equal exactly.
         for got, want in zip(jax.tree.leaves(history.schedule), jax.tree.leaves(alone.schedule)):
@@ -67,7 +76,16 @@ def test_the_cells_differ_where_their_settings_differ():
 
 def test_seeds_only_without_a_system():
     cells = sweep(DATA, MODEL, ALGORITHM, SAMPLER, seeds=(0, 1), **COMMON)
-    alone = simulate.run(DATA, MODEL, ALGORITHM, SAMPLER, seed=1, **COMMON)
+    alone = simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=ALGORITHM,
+            sampler=SAMPLER,
+            seed=1,
+            **COMMON,
+        ),
+    )
     assert cells[1].schedule is None
     for got, want in zip(jax.tree.leaves(cells[1].params), jax.tree.leaves(alone.params)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

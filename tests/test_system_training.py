@@ -20,6 +20,7 @@ from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import DROPPED, LATE, OK, UNAVAILABLE, Schedule
+from fedjax_het.training.options import run_options
 
 NUM_CLIENTS = 4
 DATA = leaf_synthetic(num_clients=NUM_CLIENTS, alpha=0.5, beta=0.5, num_features=6, num_classes=3)
@@ -105,8 +106,18 @@ def test_a_failed_client_has_no_influence_even_with_nan_data(failure):
 
 def run(system=None, rounds=6):
     return fedjax_het.run(
-        DATA, MODEL, ALGORITHM, uniform(NUM_CLIENTS, 2), rounds=rounds, work=WORK,
-        hyper={"client_lr": 0.1}, eval_every=3, progress=False, system=system,
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=ALGORITHM,
+            sampler=uniform(NUM_CLIENTS, 2),
+            rounds=rounds,
+            work=WORK,
+            hyper={"client_lr": 0.1},
+            eval_every=3,
+            progress=False,
+            system=system,
+        ),
     )
 
 

@@ -33,11 +33,13 @@ from fedjax_het.data import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine import local
 from fedjax_het.engine.algorithm import masked_mean
+from fedjax_het.engine.hooks import Freezing
 from fedjax_het.engine.round import device_split
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.system.schedule import LATE, OK
 from fedjax_het.training import online, simulate
+from fedjax_het.training.options import run_options
 
 F, C, HIDDEN = 5, 3, (6, 5)
 SIZES = (3, 7, 12, 20, 9, 30, 5, 16)
@@ -74,8 +76,19 @@ def make_system() -> setup.System:
 @functools.cache
 def run(algorithm, cohort: int, rounds: int, chunk: int | None = None) -> simulate.History:
     return simulate.run(
-        DATA, MODEL, algorithm, uniform(N, cohort), rounds=rounds, eval_every=rounds, work=WORK,
-        system=make_system(), chunk=chunk, devices=1, progress=False,
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=algorithm,
+            sampler=uniform(N, cohort),
+            rounds=rounds,
+            eval_every=rounds,
+            work=WORK,
+            system=make_system(),
+            chunk=chunk,
+            devices=1,
+            progress=False,
+        ),
     )  # fmt: skip
 
 
@@ -150,7 +163,7 @@ def test_the_least_frozen_depth_that_fits_the_interval():
     seconds = jnp.array([9.0, 5.0, 2.0])
     choose = jax.jit(jax.vmap(lambda t: choose_depth(None, seconds, jnp.nan, {"interval": t})))
     np.testing.assert_array_equal(choose(jnp.array([1.0, 6.0, 100.0])), [2, 1, 0])
-    rule = TIMELYFL.freezing
+    rule = TIMELYFL.hook(Freezing)
     assert rule.probe_share == 0.0 and rule.choose is choose_depth
     assert TIMELYFL.name == "timelyfl" and float(TIMELYFL.hyper()["interval"]) == INTERVAL
 

@@ -20,10 +20,12 @@ from fedjax_het.algorithms.heterofl import heterofl
 from fedjax_het.algorithms.submodels import level_flops, unit_layout
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.catalog import leaf_synthetic
+from fedjax_het.engine.hooks import SubModel
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.system.schedule import LATE, OK, select_among_ready
 from fedjax_het.training import costs, online, simulate
+from fedjax_het.training.options import run_options
 
 N, M, D_IN, H, C = 8, 8, 16, 32, 3
 DATA = leaf_synthetic(num_clients=N, alpha=0.5, beta=0.5, num_features=D_IN, num_classes=C)
@@ -108,7 +110,7 @@ def test_fjord_pays_the_mean_share_of_its_draws():
     F_0.5."""
     algorithm = fjord(widths=(1.0, 0.5, 0.25), client_levels=(0, 1, 2) * 2 + (0, 1))
     x = jax.ShapeDtypeStruct((1, D_IN), jnp.float32)
-    costs = algorithm.client_costs(N, MODEL, x)
+    costs = algorithm.hook(SubModel).costs(N, MODEL, x)
     share = {u: mlp_flops(u) / mlp_flops(H) for u in (H, 16, 8)}
     np.testing.assert_allclose(
         costs.compute[:3],
@@ -171,9 +173,27 @@ def test_the_in_loop_schedule_prices_widths_as_the_plan_does():
     algorithm = heterofl(widths=(1.0, 0.5, 0.25), client_levels=tuple(k % 3 for k in range(N)))
     among_ready = select_among_ready(N, 4)
     common = {"rounds": 2, "eval_every": 2, "work": WORK, "progress": False}
-    in_loop = simulate.run(DATA, MODEL, algorithm, uniform(N, 4), system=system, **common,
-                           select=lambda key, r, ready, record: among_ready(key, r, ready))
-    planned = simulate.run(DATA, MODEL, algorithm, uniform(N, 4), system=system, **common)
+    in_loop = simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=algorithm,
+            sampler=uniform(N, 4),
+            system=system,
+            **common,
+            select=lambda key, r, ready, record: among_ready(key, r, ready),
+        ),
+    )
+    planned = simulate.run(
+        DATA,
+        *run_options(
+            model=MODEL,
+            algorithm=algorithm,
+            sampler=uniform(N, 4),
+            system=system,
+            **common,
+        ),
+    )
     for got, want in zip(jax.tree.leaves(in_loop.schedule), jax.tree.leaves(planned.schedule)):
         np.testing.assert_array_equal(got, want)
     assert len(set(np.asarray(planned.schedule.bytes_down)[planned.schedule.valid])) > 1

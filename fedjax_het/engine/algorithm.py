@@ -1,4 +1,4 @@
-"""The interface every federated algorithm implements (docs/design.md §8); its one home.
+"""The core contract every federated algorithm implements (docs/design.md §3); its one home.
 
 An algorithm is a frozen dataclass of pure functions built by a factory that
 takes its structural options (optax's ``GradientTransformation`` pattern).
@@ -9,14 +9,13 @@ through these functions.
 
 One round, for the clients of a cohort::
 
-    # with a probe (Mime), first: server_state = attach(server_state, Σ_k measure_k)
     payload = broadcast(server_state)          # params, and whatever else clients need
     # per client k (local.py), with its persistent client_state_k:
-    start, state = client_start(model, payload, client_state_k, batches_k, hyper, key)
+    start, state = local.start(model, payload, client_state_k, batches_k, hyper, key)
     ctx = LocalContext(payload, start, state, step, num_steps)
     params = start; for each step s < num_steps:
-        params -= client_optimizer(hyper) applied to grad of local_loss(model, params, batch_s, ctx, hyper, key)
-    update_k, client_state_k = client_finalize(params, ctx, hyper)
+        params -= local.optimizer(hyper) applied to grad of local.loss(model, params, batch_s, ctx, hyper, key)
+    update_k, client_state_k = local.finalize(params, ctx, hyper)
     # cohort.py: sums = Σ_k aggregator.contribute(update_k, weight_k, stats_k)
     server_state = server_update(server_state, aggregator.finalize(sums), hyper, server_key)
 
@@ -24,21 +23,24 @@ One round, for the clients of a cohort::
 0): a client that failed, was late or was not selected keeps its state.
 Client states are stored ``[num_clients, ...]`` on the device or on the host
 (``fedjax_het.engine.client_store``); only the cohort's rows enter a round.
+
+What a paper adds beyond this (a probe of the cohort, per-client freezing, sub-models, stale
+updates, payload bytes, personal models, reports) is a *hook* (``engine.hooks``), attached
+to the algorithm with ``hooks.attach`` and looked up by the round with ``algorithm.hook``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import struct
 
-from fedjax_het.engine.submodel import ClientCosts, SubModel
+from fedjax_het.engine.hyper import HyperSpec
 from fedjax_het.models import Model
 from fedjax_het.typing import (
     Batch,
@@ -50,6 +52,8 @@ from fedjax_het.typing import (
     ServerState,
     Update,
 )
+
+HookT = TypeVar("HookT")
 
 
 @struct.dataclass
@@ -65,7 +69,7 @@ class ClientStats:
       finite: whether every value of its update is finite (set by ``cohort.run_cohort``).
       staleness: int32 server versions between the model it trained from and the
         model its update is applied to (0: fresh; set by the engine when a round
-        holds stale slots, ``fedjax_het.asynchronous``), or None in a synchronous round.
+        holds stale slots, docs/design.md §6), or None in a synchronous round.
       work_kept: the share of the full model's work the client kept, in (0, 1], or None
         for 1 (all of it). An algorithm that trains part of the model reports it for the
         selections that weigh clients by capability (``ClientRecord.work_kept``): FreezeFL
@@ -159,7 +163,7 @@ class LocalContext:
       num_steps: int32 steps this client takes this round (its epochs or steps,
         cut by a deadline, partial work or a dropout).
       key: in ``client_finalize``, this client's key for the round's randomised
-        encodings (``fedjax_het.compressed``); None in ``local_loss`` (which has its own).
+        encodings (``fedjax_het.transforms.compression``); None in ``local_loss`` (which has its own).
       client_id: int32 id of the client (Agnostic FedAvg looks up its domain), or None
         outside the engine's local training.
     """
@@ -243,88 +247,23 @@ def delta_update(params: Params, ctx: LocalContext, hyper: Hyper) -> tuple[Updat
 
 
 @dataclasses.dataclass(frozen=True)
-class Freezing:
-    """Per-client freezing chosen in the round, after a probe (FreezeFL, Chou et al. 2023, §III).
-
-    Each selected client first trains ``ceil(probe_share * steps)`` of its
-    local steps with every parameter, then picks a freeze *depth* ``d`` (its first ``d`` layers stop
-    training and are not uploaded) from what the probe changed and what each
-    depth would cost. The engine (``fedjax_het.training.online``) runs the probe,
-    prices every depth with the client's profile, schedules the round with
-    each client's upload bytes, and trains with the chosen mask from the end
-    of its probe on.
+class LocalTraining:
+    """What a client does with the broadcast (FedJAX's client init / step / final).
 
     Attributes:
-      probe_share: share of a client's local steps trained unfrozen before the choice.
-      depth_masks: ``params -> pytree`` whose leaves are ``[D]`` 0/1 arrays:
-        entry ``d`` says whether the leaf trains at freeze depth ``d``
-        (depth 0 trains everything). The engine passes the params' layers as a dict in
-        the order the forward pass uses them (``models.layer_order``), not sorted.
-      choose: ``(probe_update, seconds [D], soft_deadline, hyper) -> depth``, the update's
-        layers in the same order
-        (int32), from the client's update after the probe (None when
-        ``probe_share`` is 0: no probe runs) and its expected round time at
-        each depth; ``soft_deadline`` is the server's running estimate of a
-        round's length (NaN before the first round).
+      optimizer: ``hyper -> optax.GradientTransformation`` for local steps.
+      loss: ``(model, params, batch, ctx, hyper, key) -> scalar`` the objective of one local
+        step; ``ctx`` is the client's ``LocalContext``.
+      start: ``(model, payload, client_state, batches, hyper, key) -> (params,
+        client_state)`` the params local training starts from; it may read the round's
+        ``Batches`` (IFCA picks its cluster by loss, q-FFL measures ``F_k(w_t)``).
+      finalize: ``(params, ctx, hyper) -> (update, client_state)`` from the trained params.
     """
 
-    probe_share: float
-    depth_masks: Callable[[Params], PyTree]
-    choose: Callable[[Update, jax.Array, jax.Array, Hyper], jax.Array]
-
-
-@dataclasses.dataclass(frozen=True)
-class CohortProbe:
-    """A statistic of the round's cohort at the current model, gathered before anyone trains.
-
-    Mime's control variate is one (Karimireddy et al. 2020, Algorithm 1): every local step of
-    every client uses ``c``, the cohort's mean full-batch gradient at the server model, so the
-    server must have it before training starts (a round trip of its own). ``Round.train_cohort``
-    first runs ``measure`` for every slot of the cohort, sums
-    ``aggregator.contribute(value, weight, stats)`` at the round's weights (a slot of weight 0
-    adds nothing) and trains from ``attach(server_state, aggregator.finalize(sums))``, which
-    ``broadcast`` and ``server_update`` then read. Synchronous rounds only: slots that train
-    from older models (an asynchronous server, stale tasks) are refused.
-
-    Attributes:
-      measure: ``(model, payload, client_id, examples, hyper, key) -> value``, one client's
-        (no client axis): ``payload`` is ``broadcast(server_state)``, ``examples`` a
-        ``Batches`` of each of the client's examples once (in store order, in batches of the
-        run's batch size, ``[ceil(max_count / batch), batch, ...]``), ``key`` its own.
-      aggregator: how the values combine (``stats.examples``: the client's example count).
-      attach: ``(server_state, aggregate) -> server_state``.
-    """
-
-    measure: Callable[..., PyTree]
-    aggregator: Aggregator
-    attach: Callable[[ServerState, PyTree], ServerState]
-
-
-@dataclasses.dataclass(frozen=True)
-class Interval:
-    """The values a hyperparameter may take, e.g. ``Interval(0, closed_low=False)`` for ``(0, inf)``."""
-
-    low: float = -math.inf
-    high: float = math.inf
-    closed_low: bool = True
-    closed_high: bool = True
-
-    def contains(self, values: np.ndarray) -> bool:
-        above = values >= self.low if self.closed_low else values > self.low
-        below = values <= self.high if self.closed_high else values < self.high
-        return bool(np.all(above & below))
-
-    def __str__(self) -> str:
-        left = "[" if self.closed_low and math.isfinite(self.low) else "("
-        right = "]" if self.closed_high and math.isfinite(self.high) else ")"
-        return f"{left}{self.low:g}, {self.high:g}{right}"
-
-
-UPDATE_BASES = ("start", "current")
-POSITIVE = Interval(0.0, closed_low=False)
-NON_NEGATIVE = Interval(0.0)
-UNIT = Interval(0.0, 1.0)
-DECAY = Interval(0.0, 1.0, closed_high=False)  # a momentum or moving-average rate: [0, 1)
+    optimizer: Callable[[Hyper], optax.GradientTransformation]
+    loss: Callable[..., jax.Array] = model_loss
+    start: Callable[..., tuple[Params, ClientState]] = start_from_broadcast
+    finalize: Callable[[Params, LocalContext, Hyper], tuple[Update, ClientState]] = delta_update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,90 +272,46 @@ class FederatedAlgorithm:
 
     Attributes:
       name: registry name.
-      hyper_defaults: ``((name, default), ...)`` every traced hyperparameter.
+      hyperparameters: every traced hyperparameter, its default and allowed values.
       server_init: ``(params, hyper, num_clients) -> server_state``; ``num_clients``
         is the population size N (SCAFFOLD and FedDyn scale by ``1 / N``).
       broadcast: ``server_state -> payload`` what every selected client downloads.
       client_init: ``params -> client_state`` one client's initial persistent
         state (stored ``[num_clients, ...]``; ``()`` for none).
-      client_start: ``(model, payload, client_state, batches, hyper, key) ->
-        (params, client_state)`` the params local training starts from; it may
-        read the round's ``Batches`` (IFCA picks its cluster by loss, q-FFL
-        measures ``F_k(w_t)``).
-      client_optimizer: ``hyper -> optax.GradientTransformation`` for local steps.
-      local_loss: ``(model, params, batch, ctx, hyper, key) -> scalar`` the
-        objective of one local step; ``ctx`` is the client's ``LocalContext``.
-      client_finalize: ``(params, ctx, hyper) -> (update, client_state)`` from
-        the trained params.
+      local: what a client does in the round (``LocalTraining``).
       aggregator: how updates combine.
       server_update: ``(server_state, aggregate, hyper, key) -> server_state``; ``key`` is
         the round's server key (the "server" stream of ``fold_in(seed, round)``) for
         server-side randomness (DP-FedAvg's noise), or None outside a run.
       global_params: ``server_state -> params`` the global model that is evaluated.
-      personal_params: ``(server_state, client_state) -> params`` client k's own
-        model for personalised evaluation (Ditto, FedPer, IFCA), or None.
-      server_metrics: ``server_state -> {name: array}`` per-round figures the
-        algorithm reports (IFCA's cluster sizes), or None.
-      freezing: per-client freezing chosen in the round (FreezeFL), or None.
-      report: ``(hyper, num_clients, rounds) -> dict`` what the algorithm adds to the
-        run's summary after ``rounds`` rounds (DP-FedAvg: the privacy spent), ``hyper``
-        as Python floats; or None.
-      payload: ``params -> (down, up)`` bytes one client receives and sends in a
-        round, for params of these shapes (``fedjax_het.compressed`` counts its
-        encodings); None: the params both ways, at float32 (``online.upload_bytes``).
-      hyper_ranges: ``((name, Interval), ...)`` the values each hyperparameter may
-        take, checked (defaults included, when the algorithm is built) by
-        ``check_hyper`` before anything compiles. Every hyperparameter must be
-        finite, whether or not it has a range.
-      update_base: what a slot that trained from an older model version (an
-        asynchronous server, stale tasks) measures its update against: "start",
-        its own starting model (FedBuff's buffered deltas), or "current", the
-        server's model when the update is applied, ``u + (x_now - x_start)``
-        (FedAsync's mixing of models; needs a broadcast that is the params).
-        Fresh slots are the same either way.
-      probe: a statistic of the cohort gathered before local training (Mime's control
-        variate, Agnostic FedAvg's domain losses and masses), or None.
-      submodel: each client's sub-model as masks (FjORD, HeteroFL, FedRolex), or None.
-      client_costs: ``(num_clients, model, example) -> ClientCosts`` each client's share
-        of a full step's FLOPs and of the payload, from the model and an input batch's
-        shape (``example``, a ``jax.ShapeDtypeStruct``); None: every client pays the
-        full model.
+      hooks: what papers add to this contract (``engine.hooks``), at most one of each type.
     """
 
     name: str
-    hyper_defaults: tuple[tuple[str, float], ...]
+    hyperparameters: HyperSpec
     server_init: Callable[[Params, Hyper, int], ServerState]
     broadcast: Callable[[ServerState], PyTree]
     client_init: Callable[[Params], ClientState]
-    client_optimizer: Callable[[Hyper], optax.GradientTransformation]
-    local_loss: Callable[..., jax.Array]
-    client_finalize: Callable[[Params, LocalContext, Hyper], tuple[Update, ClientState]]
+    local: LocalTraining
     aggregator: Aggregator
     server_update: Callable[[ServerState, Update, Hyper, PRNGKey | None], ServerState]
     global_params: Callable[[ServerState], Params]
-    client_start: Callable[..., tuple[Params, ClientState]] = start_from_broadcast
-    personal_params: Callable[[ServerState, ClientState], Params] | None = None
-    server_metrics: Callable[[ServerState], dict[str, jax.Array]] | None = None
-    freezing: Freezing | None = None
-    payload: Callable[[Params], tuple[int, int]] | None = None
-    report: Callable[[dict[str, float], int, int], dict] | None = None
-    hyper_ranges: tuple[tuple[str, Interval], ...] = ()
-    update_base: str = "start"
-    probe: CohortProbe | None = None
-    submodel: SubModel | None = None
-    client_costs: Callable[[int, Model, jax.ShapeDtypeStruct], ClientCosts] | None = None
+    hooks: tuple[object, ...] = ()
 
     def __post_init__(self):
-        if self.update_base not in UPDATE_BASES:
-            raise ValueError(
-                f"{self.name}: update_base must be one of {UPDATE_BASES}, got {self.update_base!r}"
-            )
-        names = {name for name, _ in self.hyper_defaults}
-        stray = sorted({name for name, _ in self.hyper_ranges} - names)
+        spec = self.hyperparameters
+        stray = sorted({name for name, _ in spec.ranges} - {name for name, _ in spec.defaults})
         if stray:
             raise ValueError(f"{self.name}: hyper_ranges names no hyperparameter {stray[0]!r}")
-        for name, value in self.hyper_defaults:
+        for name, value in spec.defaults:
             self.check_hyper(name, value)
+        kinds = [type(hook) for hook in self.hooks]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"{self.name}: two hooks of one type in {kinds}")
+
+    def hook(self, kind: type[HookT]) -> HookT | None:
+        """The algorithm's hook of type ``kind`` (``engine.hooks``), or None."""
+        return next((hook for hook in self.hooks if isinstance(hook, kind)), None)
 
     def hyper(
         self, overrides: Mapping[str, float] | None = None, *,
@@ -428,29 +323,13 @@ class FederatedAlgorithm:
         is how ``jax.vmap`` sweeps one compiled program over settings), held
         as ``dtype`` (float64 in a float64 run).
         """
-        defaults = dict(self.hyper_defaults)
-        unknown = sorted(set(overrides or {}) - set(defaults))
-        if unknown:
-            raise ValueError(
-                f"{self.name} has no hyperparameter {', '.join(map(repr, unknown))}; "
-                f"it takes {', '.join(sorted(defaults)) or 'none'}"
-            )
-        merged = {**defaults, **(overrides or {})}
-        for name, value in merged.items():
-            self.check_hyper(name, value)
-        return {k: jnp.asarray(v, dtype) for k, v in merged.items()}
+        return self.hyperparameters.values(overrides, owner=self.name, dtype=dtype)
 
     def check_hyper(self, name: str, value, *, label: str | None = None) -> None:
         """Raises a one-line ValueError when ``value`` (a number or array) is impossible for ``name``.
 
         Every hyperparameter must be finite (no inf, no NaN) and lie in its
-        ``hyper_ranges`` interval, if it has one. ``label`` names the value in
+        ``hyperparameters.ranges`` interval, if it has one. ``label`` names the value in
         the message (default ``"<algorithm>: <name>"``; the config passes its key).
         """
-        label = label or f"{self.name}: {name}"
-        values = np.asarray(value, np.float64)
-        if not np.all(np.isfinite(values)):
-            raise ValueError(f"{label} must be a finite number, got {value}")
-        interval = dict(self.hyper_ranges).get(name)
-        if interval is not None and not interval.contains(values):
-            raise ValueError(f"{label} must lie in {interval}, got {value}")
+        self.hyperparameters.check(name, value, label=label or f"{self.name}: {name}")

@@ -22,6 +22,7 @@ from flax import struct
 from fedjax_het import rng
 from fedjax_het.data.batching import LocalWork, batch_indices, steps_for
 from fedjax_het.engine.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
+from fedjax_het.engine.hooks import CohortProbe, SubModel
 from fedjax_het.models import Model
 from fedjax_het.typing import ClientState, Hyper, PRNGKey, PyTree, Update
 
@@ -194,24 +195,24 @@ def local_update(
 ) -> tuple[Update, ClientState, ClientStats]:
     """Trains one client from ``broadcast`` and returns its update, new state and stats.
 
-    The algorithm's ``client_start`` picks the starting params (and may update
-    the client state) from the round's batches; ``local_loss`` is optimised
+    The algorithm's ``local.start`` picks the starting params (and may update
+    the client state) from the round's batches; ``local.loss`` is optimised
     for the client's ``num_steps`` steps, on ``compute_model(model,
-    spec.precision)`` (``client_start``'s loss measurements, IFCA's and q-FFL's,
-    stay on the float32 model); ``client_finalize`` turns the trained params
+    spec.precision)`` (``local.start``'s loss measurements, IFCA's and q-FFL's,
+    stay on the float32 model); ``local.finalize`` turns the trained params
     into the update and the new client state.
     """
     model, algorithm = spec.model, spec.algorithm
     indices, example_mask, num_steps = client_batches(spec, task, data)
-    xs, ys = data.x[indices], data.y[indices]  # every batch, for client_start (else unused)
+    xs, ys = data.x[indices], data.y[indices]  # every batch, for local.start (else unused)
     steps = jnp.arange(spec.max_steps, dtype=jnp.int32)
     active_examples = example_mask & (steps < num_steps)[:, None]
-    start, client_state = algorithm.client_start(
+    start, client_state = algorithm.local.start(
         model, broadcast, client_state, Batches(xs, ys, active_examples), hyper,
         rng.stream(task.key, "start"),
     )
     train_key = rng.stream(task.key, "train")
-    optimizer = algorithm.client_optimizer(hyper)
+    optimizer = algorithm.local.optimizer(hyper)
     step_model = compute_model(model, spec.precision)
 
     def context(s):
@@ -219,7 +220,7 @@ def local_update(
 
     def loss_fn(params, batch, s, key, factors=None):
         model_s = masked_model(step_model, factors)
-        return algorithm.local_loss(model_s, params, batch, context(s), hyper, key)
+        return algorithm.local.loss(model_s, params, batch, context(s), hyper, key)
 
     def masked_step(s, carry):
         params, opt_state, loss_sum, processed = carry
@@ -261,7 +262,7 @@ def local_update(
         broadcast, start, client_state, num_steps, num_steps, rng.stream(task.key, "finalize"),
         task.client_id,
     )
-    update, client_state = algorithm.client_finalize(params, ctx, hyper)
+    update, client_state = algorithm.local.finalize(params, ctx, hyper)
     stats = ClientStats(loss_sum, processed, num_steps, _trained(spec, task, ctx, first[0], hyper))
     return update, client_state, stats
 
@@ -288,7 +289,7 @@ def probe_client(
     """One slot's value of the algorithm's ``CohortProbe`` (on the run's model, as
     ``client_start``'s measurements are); the client state is passed through."""
     examples = client_examples(spec, task, data)
-    value = spec.algorithm.probe.measure(
+    value = spec.algorithm.hook(CohortProbe).measure(
         spec.model, broadcast, task.client_id, examples, hyper, rng.stream(task.key, "probe")
     )
     count = jnp.sum(examples.mask, dtype=jnp.int32)
@@ -313,7 +314,7 @@ def _submodel_step(
 ) -> tuple[PyTree | None, PyTree | None]:
     """The step's ``(mask, factors)`` of the algorithm's ``SubModel`` (``(None, None)`` without
     one), from its own stream of the step's key."""
-    submodel = spec.algorithm.submodel
+    submodel = spec.algorithm.hook(SubModel)
     if submodel is None:
         return None, None
     return submodel.step(spec.model, x, ctx, hyper, rng.stream(key, "submodel"))
@@ -323,7 +324,7 @@ def _trained(
     spec: LocalSpec, task: ClientTask, ctx: LocalContext, x: jax.Array, hyper: Hyper
 ) -> PyTree | None:
     """What the client reports as trained: the task's train mask and its sub-model's."""
-    submodel = spec.algorithm.submodel
+    submodel = spec.algorithm.hook(SubModel)
     if submodel is None:
         return task.train_mask
     trained = submodel.trained(spec.model, x, ctx, hyper)

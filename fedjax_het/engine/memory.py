@@ -347,7 +347,7 @@ def _estimate(
     )
     batches = tree_bytes((x, y))  # one step's batch, gathered inside the step loop
     optimizer_state = jax.eval_shape(
-        lambda h, p: algorithm.client_optimizer(h).init(p), hyper, params
+        lambda h, p: algorithm.local.optimizer(h).init(p), hyper, params
     )
     per_client = (
         tree_bytes((state, _tasks(), outputs))

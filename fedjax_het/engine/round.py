@@ -26,6 +26,13 @@ from fedjax_het.engine.algorithm import ClientStats, FederatedAlgorithm
 from fedjax_het.engine.client_store import ON_DEVICE, ClientStore, DeviceStore
 from fedjax_het.engine.cohort import StateTable, counted_slots, run_cohort
 from fedjax_het.engine.groups import run_grouped
+from fedjax_het.engine.hooks import (
+    CohortProbe,
+    DenseLevels,
+    ServerMetrics,
+    SubModel,
+    UpdateBase,
+)
 from fedjax_het.engine.local import (
     NO_STEP_LIMIT,
     ClientTask,
@@ -35,7 +42,6 @@ from fedjax_het.engine.local import (
     planned_steps,
     probe_client,
 )
-from fedjax_het.engine.submodel import DenseLevels
 from fedjax_het.models import Model
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import OK, Schedule
@@ -135,7 +141,7 @@ class Round:
         metrics (with the algorithm's ``server_metrics``).
         """
         algorithm = self.algorithm
-        if algorithm.probe is not None:
+        if algorithm.hook(CohortProbe) is not None:
             probed = self.probed(state.server_state, tasks, hyper, train, stale)
             state = state.replace(server_state=probed)
         broadcast = algorithm.broadcast(state.server_state)
@@ -189,15 +195,15 @@ class Round:
             metrics["staleness_mean"] = jnp.sum(counted_staleness) / jnp.maximum(
                 metrics["participants"], 1)
             metrics["staleness_max"] = jnp.max(counted_staleness)
-        if algorithm.server_metrics is not None:
-            metrics.update(algorithm.server_metrics(server_state))
+        if (reported := algorithm.hook(ServerMetrics)) is not None:
+            metrics.update(reported.metrics(server_state))
         return RunState(server_state, client_states, state.ring), stats, metrics
 
     def dense_levels(self, fresh: bool) -> DenseLevels | None:
         """The algorithm's ``DenseLevels`` when its width levels run as dense programs
         (``engine.groups``): a fresh synchronous cohort with no train masks, one device,
         a model that can be cut (``Model.at_width``); else None (masks)."""
-        submodel = self.algorithm.submodel
+        submodel = self.algorithm.hook(SubModel)
         groups = None if submodel is None else submodel.groups
         one_device = self.mesh is None or self.mesh.size == 1
         usable = fresh and one_device and self.spec.model.at_width is not None
@@ -210,7 +216,7 @@ class Round:
         """``server_state`` with the algorithm's ``CohortProbe`` statistic of the slots ``tasks``
         at its model attached: every slot measured (``local.probe_client``), then aggregated at
         the slots' weights. Refused (when traced) for slots that train from older models."""
-        probe = self.algorithm.probe
+        probe = self.algorithm.hook(CohortProbe)
         if stale is not None:
             raise ValueError(
                 f"{self.algorithm.name} gathers a statistic of the cohort at the current model "
@@ -234,11 +240,12 @@ def stale_client_fn(
     The returned ``((client_state, ring_position, staleness), task) -> (update,
     client_state, stats)`` trains from ``ring[ring_position]`` (gathered inside
     the chunk's ``vmap``, so memory stays ``chunk x params``) and sets
-    ``stats.staleness``. With the algorithm's ``update_base == "current"`` the
+    ``stats.staleness``. With the algorithm's ``UpdateBase("current")`` hook the
     update is measured against ``current`` (the server's model now) instead of
     the slot's own start: ``u + (current - start)`` (FedAsync's mixing of models).
     """
-    relative_to_current = spec.algorithm.update_base == "current"
+    base = spec.algorithm.hook(UpdateBase)
+    relative_to_current = base is not None and base.base == "current"
 
     def one(inputs, task):
         client_state, position, staleness = inputs

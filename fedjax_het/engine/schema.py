@@ -56,9 +56,9 @@ def hyper_keys(factory: Callable[..., FederatedAlgorithm]) -> dict[str, Key]:
     """The traced hyperparameters of the algorithm ``factory`` builds with its defaults."""
     built = guarded("algorithm", factory)
     docs, paper = documented(factory)
-    ranges = {k: str(interval) for k, interval in built.hyper_ranges}
+    ranges = {k: str(interval) for k, interval in built.hyperparameters.ranges}
     out = {}
-    for k, default in built.hyper_defaults:
+    for k, default in built.hyperparameters.defaults:
         doc = docs.get(k) or _described_elsewhere(k)
         out[f"algorithm.{k}"] = Key(float, default, doc, paper, allowed=ranges.get(k, ""))
     return out
@@ -82,7 +82,7 @@ def algorithm(config: dict[str, Any]) -> tuple[FederatedAlgorithm, dict[str, flo
     params = configurable(factory, SKIP)
     structural = {k: v for k, v in table.items() if k in params}
     built = guarded("algorithm", lambda: factory(**arguments("algorithm", factory, structural)))
-    allowed = dict(built.hyper_defaults)
+    allowed = dict(built.hyperparameters.defaults)
     hyper = {}
     for key, value in table.items():
         if key in structural:
@@ -116,7 +116,7 @@ def _takes(name: str) -> set[str]:
     """The keys the algorithm ``name`` takes: its factory's options and its hyperparameters."""
     factory = registry.lookup("algorithm", name)
     try:
-        hyper = {k for k, _ in factory().hyper_defaults}
+        hyper = {k for k, _ in factory().hyperparameters.defaults}
     except (TypeError, ValueError):  # it needs options to be built: its factory's keys only
         hyper = set()
     return set(configurable(factory, SKIP)) | hyper

@@ -33,7 +33,9 @@ from pathlib import Path
 
 from fedjax_het import results
 from fedjax_het.engine.client_store import format_bytes
-from fedjax_het.front import compare as compare_lib, config as config_lib, explain  # noqa: I001
+from fedjax_het.front import compare as compare_lib  # noqa: I001
+from fedjax_het.front import config as config_lib
+from fedjax_het.front import explain
 from fedjax_het.results import NotWritten, OutDirError
 from fedjax_het.training import checkpoint, compilation, distributed, interrupt
 from fedjax_het.training.checkpoint import CheckpointError
@@ -303,9 +305,14 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     out = args.out
     try:
         history = simulate.run(
-            experiment.data, experiment.model, experiment.algorithm, experiment.sampler,
-            **experiment.run_kwargs(), progress=not args.no_progress, out_dir=out,
-            config=experiment.config, resume=bool(args.resume), overwrite=args.overwrite,
+            experiment.data,
+            *experiment.options(
+                progress=not args.no_progress,
+                out_dir=out,
+                config=experiment.config,
+                resume=bool(args.resume),
+                overwrite=args.overwrite,
+            ),
         )
     except Diverged as err:
         if distributed.writes_results():

@@ -109,6 +109,7 @@ from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine import schema as algorithm_schema
 from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.hooks import Freezing
 from fedjax_het.front import model_schema
 from fedjax_het.gandalf import schema as gandalf_schema
 from fedjax_het.gandalf.pipeline import GandalfOptions
@@ -118,6 +119,7 @@ from fedjax_het.system import schema as system_schema
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.training import schema as training_schema
 from fedjax_het.training.costs import client_costs
+from fedjax_het.training.options import RunOptions, run_options
 from fedjax_het.training.schema import cluster, compile_cache
 from fedjax_het.transforms import schema as transforms_schema
 
@@ -184,8 +186,18 @@ class Experiment:
     server: events.AsyncServer | None = None
     mediated: GandalfOptions | None = None  # algorithm.name "gandalf" or "mediator"
 
+    def options(self, **overrides: Any) -> RunOptions:
+        """The option groups of :func:`fedjax_het.training.simulate.run` this config asks for,
+        with ``overrides`` (an output directory, the progress bar) on top:
+        ``simulate.run(experiment.data, *experiment.options(out_dir=...))``."""
+        return run_options(
+            model=self.model, algorithm=self.algorithm, sampler=self.sampler,
+            **{**self.run_kwargs(), **overrides},
+        )
+
     def run_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`fedjax_het.training.simulate.run` this config asks for."""
+        """The flat keywords of ``run_options`` this config sets, besides the model, algorithm
+        and sampler."""
         return {
             **training_schema.run_options(self.config),
             "work": self.work,
@@ -455,7 +467,7 @@ def _check_tables(config: dict[str, Any]) -> _Checked:
     algorithm, private = transforms_schema.transformed(config, algorithm, cohort)
     partition, skew = data_schema.partition_and_skew(config)
     system = system_schema.system_options(config)
-    freezes = algorithm.freezing is not None
+    freezes = algorithm.hook(Freezing) is not None
     if freezes and system is None:
         raise ConfigError(
             f"algorithm {algorithm.name!r} freezes layers by device timing: it needs a [system] "

@@ -7,7 +7,7 @@ runs the product of its axes. Each cell is the config with the user's
 
 Cells whose resolved configs differ only in numbers a program traces share
 one program (``sweep.sweep``, compiled once): the ``seed``, the algorithm's
-hyperparameters (``FederatedAlgorithm.hyper_defaults``: ``[algorithm]`` keys
+hyperparameters (``FederatedAlgorithm.hyperparameters``: ``[algorithm]`` keys
 that are not options of its factory) and the numbers of ``[system]`` and
 ``[policy]`` whose systems stack (``sweep.stack_key``). Anything else (the
 model, the batch size, the algorithm and its options, the data and its
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_het import results
+from fedjax_het.engine.hooks import Freezing
 from fedjax_het.front import config as config_lib
 from fedjax_het.front.config import ConfigError, Experiment
 from fedjax_het.front.sweep import Cell, stack_key, sweep
@@ -213,7 +214,7 @@ def plan(
 def _sweepable(experiment: Experiment) -> bool:
     """Whether ``sweep`` can run the config (else ``simulate.run`` runs it alone)."""
     return (
-        experiment.select is None and experiment.algorithm.freezing is None
+        experiment.select is None and experiment.algorithm.hook(Freezing) is None
         and experiment.config["engine"]["client_state"] != "host" and experiment.server is None
     )
 
@@ -222,7 +223,7 @@ def _program_key(experiment: Experiment) -> tuple:
     """Equal for configs that differ only in what one program traces."""
     config = copy.deepcopy(dict(experiment.config))
     del config["seed"]
-    for name, _ in experiment.algorithm.hyper_defaults:
+    for name, _ in experiment.algorithm.hyperparameters.defaults:
         config["algorithm"].pop(name, None)
     for table in ("system", "policy"):
         for key, value in list(config.get(table, {}).items()):
@@ -259,7 +260,7 @@ def _one_program_error(grid: Plan) -> str:
             "run one cell at a time)"
         )
     algorithm = grid.programs[0].experiment.algorithm
-    traced = ", ".join(f"algorithm.{name}" for name, _ in algorithm.hyper_defaults)
+    traced = ", ".join(f"algorithm.{name}" for name, _ in algorithm.hyperparameters.defaults)
     keys = ", ".join(grid.splitting)
     return (
         f"--one-program: the grid needs {len(grid.programs)} programs: {keys} "
@@ -310,10 +311,14 @@ def run(
             )
         else:
             done = [simulate.run(
-                exp.data, exp.model, exp.algorithm, exp.sampler, **exp.run_kwargs(),
-                progress=progress, out_dir=dirs[0], config=exp.config,
-                resume=resume and (dirs[0] / checkpoint.FILE).is_file(),
-                overwrite=overwrite or resume,
+                exp.data,
+                *exp.options(
+                    progress=progress,
+                    out_dir=dirs[0],
+                    config=exp.config,
+                    resume=resume and (dirs[0] / checkpoint.FILE).is_file(),
+                    overwrite=overwrite or resume,
+                ),
             )]
         by_cell.update(zip(program.cells, done))
     histories = [by_cell[i] for i in range(len(grid.cells))]

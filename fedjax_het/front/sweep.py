@@ -51,6 +51,7 @@ from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine import client_store
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.cohort import client_mesh
+from fedjax_het.engine.hooks import Freezing
 from fedjax_het.engine.local import hyper_dtype, run_model
 from fedjax_het.models import Model
 from fedjax_het.system.events import AsyncServer
@@ -199,7 +200,7 @@ def _check_options(
             "sweep runs synchronous servers; run each setting of an asynchronous server with "
             "simulate.run (fedjax-het sweep does so for configs with [server] mode = 'async')"
         )
-    if algorithm.freezing is not None:
+    if algorithm.hook(Freezing) is not None:
         raise ValueError(
             f"{algorithm.name} chooses its freezing inside the loop; sweep runs precomputed "
             "schedules: use simulate.run for each setting"

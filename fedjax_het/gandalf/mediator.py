@@ -98,8 +98,8 @@ from fedjax_het.gandalf.slots import GroupPlan, Timing, timing
 from fedjax_het.models import Model
 from fedjax_het.system.profiles import ClientProfiles, uniform_profiles, validate
 from fedjax_het.training import checkpoint, interrupt
+from fedjax_het.training.costs import payload_bytes
 from fedjax_het.training.metrics import evaluate
-from fedjax_het.training.online import payload_bytes
 from fedjax_het.typing import Params
 
 __all__ = [
@@ -215,7 +215,7 @@ def run_mediator(
     mediator = Mediator(spec, passes, fault_tolerant=heartbeat is not None, chunk=chunk)
     key, hyper = rng.seed_key(seed), algorithm.hyper(hyper)
     params = model.init(rng.stream(key, "init"))
-    down, up = payload_bytes(algorithm, params)
+    down, up = payload_bytes(algorithm, model, data.train.x, data.train.y)
     times = timing(max_wait, heartbeat=heartbeat, payload_down=down, payload_up=up)
     state = MediatorState(
         algorithm.server_init(params, hyper, num_clients),

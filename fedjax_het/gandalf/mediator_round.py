@@ -70,9 +70,8 @@ class Mediator:
         if self.chunk is not None and self.chunk < 1:
             raise ValueError(f"chunk must be >= 1 or None, got {self.chunk}")
         algorithm = self.spec.algorithm
-        if algorithm.client_finalize is not delta_update or algorithm.client_start is not (
-            start_from_broadcast
-        ):
+        local = algorithm.local
+        if local.finalize is not delta_update or local.start is not start_from_broadcast:
             raise ValueError(
                 f"{algorithm.name}: the mediator passes trained weights on, so clients must start "
                 "from what they receive and send start - params (fedavg's client hooks)"

@@ -62,7 +62,7 @@ def timing(
       heartbeat: the heartbeat timeout in ``[0, T_R]`` seconds; None (the baseline
         without fault tolerance): failures are noticed only at ``T_R``.
       payload_down, payload_up: bytes of the weights in and out of a client
-        (``online.payload_bytes``).
+        (``costs.payload_bytes``).
     """
     if not 0 < max_wait < math.inf:
         raise ValueError(f"max_wait (T_R) must be > 0 seconds and finite, got {max_wait}")

@@ -126,7 +126,7 @@ class schedule_jit:
 
 __all__ = [
     "DROPPED", "EMPTY", "LATE", "OK", "OUTCOMES", "UNAVAILABLE", "Schedule", "SelectFn",
-    "as_select_fn", "never_ready", "plan_round", "sampler_select", "schedule", "schedule_jit",
+    "as_select_fn", "never_ready", "nobody_ready_after", "plan_round", "sampler_select", "schedule", "schedule_jit",
     "schedule_round", "select_among_ready", "wait_for_ready",
 ]  # fmt: skip
 
@@ -284,11 +284,17 @@ def never_ready(profiles: ClientProfiles, policy: RoundPolicy, rows: Schedule) -
     if not empty.any():
         return None
     first = int(np.argmax(empty))
-    at = jnp.asarray(np.asarray(rows.start)[first], profiles.step_time.dtype) + policy.overhead
+    return first if nobody_ready_after(profiles, policy, np.asarray(rows.start)[first]) else None
+
+
+def nobody_ready_after(profiles: ClientProfiles, policy: RoundPolicy, start: float) -> bool:
+    """Whether no client is ready at, or ever after, a round that starts at virtual time
+    ``start`` (its ``start + overhead``): every round from then on would train nobody."""
+    at = jnp.asarray(start, profiles.step_time.dtype) + policy.overhead
     later = jax.vmap(avail.next_ready, in_axes=(None, 0, None))(
         avail.queryable(profiles.availability), profiles.trace, at
     )
-    return None if bool(jnp.isfinite(later).any()) else first
+    return not bool(jnp.isfinite(later).any())
 
 
 def plan_round(

@@ -1,8 +1,13 @@
-"""Each client's share of the full model's cost on the simulated schedule (sub-models).
+"""What a client's round costs on the simulated schedule: the bytes it moves
+(``payload_bytes``) and, for sub-models, its share of the full model's cost (``priced``).
 
-An algorithm whose clients train part of the model (``FederatedAlgorithm.client_costs``:
+Both schedules, planned (``training.plan``) and in-loop (``training.online``), price a round
+with these two functions, so they agree.
+
+
+An algorithm whose clients train part of the model (``SubModel.costs``, ``engine.hooks``:
 FjORD, HeteroFL, FedRolex) gives each client a share of a full step's FLOPs and of the
-payload's bytes (``engine.algorithm.ClientCosts``); the planned schedule
+payload's bytes (``engine.hooks.ClientCosts``); the planned schedule
 (``training.plan``) and the in-loop one (``training.online``) both apply them with
 ``priced``, so the two agree, and an algorithm without costs keeps its schedule bit for bit.
 """
@@ -13,19 +18,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het.engine.algorithm import ClientCosts, FederatedAlgorithm
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.hooks import ClientCosts, PayloadBytes, SubModel
+from fedjax_het.engine.shapes import one_client
 from fedjax_het.models import Model
 from fedjax_het.system.profiles import ClientProfiles
+from fedjax_het.transforms.compression import bytes_sent, identity
+
+
+def payload_bytes(
+    algorithm: FederatedAlgorithm, model: Model, x: jax.Array, y: jax.Array
+) -> tuple[float, float]:
+    """``(down, up)`` bytes one client receives and sends in a round, for inputs shaped like
+    ``x`` and labels like ``y``: the algorithm's ``PayloadBytes`` hook on the params
+    (compressed encodings), else its broadcast down and its update up (SCAFFOLD's control
+    variate travels both ways, IFCA's ``k`` models down and one up), floats counted as
+    ``compression.identity()`` sends them (float32 at most, so a float64 run models the
+    float32 deployment)."""
+    payload = algorithm.hook(PayloadBytes)
+    if payload is not None:
+        down, up = payload.count(jax.eval_shape(model.init, jax.random.key(0)))
+        return float(down), float(up)
+    shapes = one_client(algorithm, model, x, y)
+    return (
+        float(bytes_sent(identity(), shapes.broadcast)),
+        float(bytes_sent(identity(), shapes.update)),
+    )
 
 
 def client_costs(
     algorithm: FederatedAlgorithm, model: Model, num_clients: int, x: jax.Array
 ) -> ClientCosts | None:
     """The algorithm's ``ClientCosts`` for inputs shaped like ``x[:1]`` (None: full model)."""
-    if algorithm.client_costs is None:
+    submodel = algorithm.hook(SubModel)
+    if submodel is None or submodel.costs is None:
         return None
     example = jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype)
-    return algorithm.client_costs(num_clients, model, example)
+    return submodel.costs(num_clients, model, example)
 
 
 def priced(profiles: ClientProfiles, down, up, costs: ClientCosts | None):

@@ -145,6 +145,14 @@ class ScheduleAccounting:
     per_round: dict[str, np.ndarray]
     participation: np.ndarray
 
+    @classmethod
+    def empty(cls, num_clients: int) -> ScheduleAccounting:
+        """The accounting of no round yet (an in-loop run before its first block), so that
+        round 0's line carries the same fields as a planned run's."""
+        keys = ("duration_s", "clock_s", *OUTCOME_NAMES, "bytes_down", "bytes_up",
+                "examples_processed", "examples_wasted")
+        return cls({key: np.zeros(0) for key in keys}, np.zeros(num_clients, np.int64))
+
     def upto(self, done: int) -> dict[str, Any]:
         """Cumulative figures after ``done`` rounds, for one ``metrics.jsonl`` line."""
         r = self.per_round

@@ -15,7 +15,7 @@ right while timing does not depend on model values. Two things break that:
   losses (``ClientRecord.loss_sq``: the round's global model on the examples
   each client trains, one forward pass beside training) and update alignments
   (``ClientRecord.alignment``: after training, one gradient pass per client);
-* **per-client freezing** (``FederatedAlgorithm.freezing``, FreezeFL): a
+* **per-client freezing** (the ``Freezing`` hook, FreezeFL): a
   client's upload, hence its finish time, depends on the layers it chose to
   freeze after a probe of local training.
 
@@ -33,7 +33,7 @@ Cost of freezing: a client at depth ``d`` uploads only the leaves it trains
 and, after its probe, pays ``step_costs[d]`` of a full step (the FLOPs XLA
 counts for the gradient of the layers still training, ``step_costs``); its
 round uses the mean step time over the probe and the frozen steps. A sub-model's
-width (``FederatedAlgorithm.client_costs``) scales its client's step time and bytes
+width (``SubModel.costs``) scales its client's step time and bytes
 as in the planned schedule (``training.costs.priced``). The probe
 is simulated by training the probe steps twice (once to choose, once in the
 round's training), which costs simulation time, not virtual time.
@@ -50,8 +50,9 @@ import numpy as np
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.engine.algorithm import FederatedAlgorithm, LocalContext, mean_loss
+from fedjax_het.engine.algorithm import LocalContext, mean_loss
 from fedjax_het.engine.cohort import run_cohort
+from fedjax_het.engine.hooks import Freezing
 from fedjax_het.engine.local import (
     ClientTask,
     DeviceSplit,
@@ -80,7 +81,7 @@ from fedjax_het.system.schedule import (
     schedule_round,
     wait_for_ready,
 )
-from fedjax_het.training.costs import client_costs, priced
+from fedjax_het.training.costs import client_costs, payload_bytes, priced
 from fedjax_het.transforms.compression import bytes_sent, identity
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
@@ -117,16 +118,6 @@ def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
         return jnp.float32(bytes_sent(identity(), params))
     sizes = jax.tree.map(lambda p, m: m * bytes_sent(identity(), p), params, masks)
     return sum(jax.tree.leaves(sizes))
-
-
-def payload_bytes(algorithm: FederatedAlgorithm, params: Params) -> tuple[float, float]:
-    """``(down, up)`` bytes one client receives and sends a round: the algorithm's own count
-    (``FederatedAlgorithm.payload``: compressed encodings), else the params both ways."""
-    if algorithm.payload is not None:
-        down, up = algorithm.payload(params)
-        return float(down), float(up)
-    full = float(bytes_sent(identity(), params))
-    return full, full
 
 
 @struct.dataclass
@@ -180,7 +171,7 @@ def step_costs(spec: LocalSpec, hyper: Hyper, train: DeviceSplit, masks: PyTree)
                 broadcast, broadcast, spec.algorithm.client_init(broadcast), jnp.int32(0),
                 jnp.int32(1),
             )
-            return spec.algorithm.local_loss(
+            return spec.algorithm.local.loss(
                 spec.model, params, batch, ctx, hyper, jax.random.key(0)
             )
 
@@ -233,13 +224,14 @@ class OnlineRound:
         m = round_.sampler.cohort_size
         broadcast = round_.algorithm.broadcast(state.run.server_state)
         costs = client_costs(round_.algorithm, round_.model, profiles.num_clients, inputs.train.x)
-        profiles, down, up = priced(profiles, *payload_bytes(round_.algorithm, broadcast), costs)
+        payload = payload_bytes(round_.algorithm, round_.model, inputs.train.x, inputs.train.y)
+        profiles, down, up = priced(profiles, *payload, costs)
         inputs = inputs.replace(profiles=profiles)
         start, ready = wait_for_ready(profiles, policy, state.clock)
         ids, valid, selection_state = self._select(state, round_idx, inputs, ready, down, up)
         valid = valid & (jnp.arange(ids.shape[0]) < num_selected(m, policy.over_commit))
         payload_up = jnp.full((profiles.num_clients,), up, jnp.float32)
-        freezing = round_.algorithm.freezing
+        freezing = round_.algorithm.hook(Freezing)
         if freezing is not None:
             order = layer_order(round_.model, broadcast, inputs.train.x[:1])
             masks = freezing.depth_masks(in_order(broadcast, order))
@@ -381,7 +373,7 @@ class OnlineRound:
         the same batches as the first steps of the training that follows; its update goes
         to ``choose`` with its layers in ``order`` (the forward pass's).
         """
-        round_, freezing = self.round, self.round.algorithm.freezing
+        round_, freezing = self.round, self.round.algorithm.hook(Freezing)
         if freezing.probe_share == 0:  # a choice from timings alone (TimelyFL): no probe to run
             choose = lambda s: freezing.choose(None, s, state.soft_deadline, inputs.hyper)
             return jax.vmap(choose)(seconds[ids]).astype(jnp.int32)

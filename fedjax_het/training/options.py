@@ -1,11 +1,10 @@
-"""``run``'s keywords, grouped as the run hands them on (docs/design.md §3).
+"""``run``'s options, as four frozen groups (docs/design.md §3).
 
-``fedjax_het.run`` keeps its flat keyword signature (the config's keys, the CLI and the
-tests call it so); inside, the keywords travel as four frozen objects, each documenting
-its own: ``Training`` (what is trained, for how long), ``Engine`` (how the rounds run on
-the devices), ``Timing`` (device timings and the server that follows them) and
-``Output`` (what the run writes and reports). ``matmul_precision`` and ``compile_cache``
-are applied around the whole call (``compilation.engine_options``) and travel no further.
+``fedjax_het.run(data, training, timing, engine, output)`` takes them as they travel:
+``Training`` (what is trained, by which algorithm, on whom, for how long), ``Timing``
+(device timings and the server that follows them), ``Engine`` (how the rounds run on the
+devices) and ``Output`` (what the run writes and reports). ``run_options`` builds the four
+from flat keywords, each field taking the keyword of its name (a config's keys, the tests).
 """
 
 from __future__ import annotations
@@ -13,20 +12,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.hooks import Freezing
+from fedjax_het.models import Model
 from fedjax_het.system.events import AsyncServer
-from fedjax_het.system.sampler import LearnedSelect
+from fedjax_het.system.sampler import LearnedSelect, Sampler
 from fedjax_het.system.setup import System
+from fedjax_het.training.compilation import DEFAULT_MATMUL_PRECISION
 
 
 @dataclasses.dataclass(frozen=True)
 class Training:
-    """What a run trains and for how long.
+    """What a run trains, by which algorithm, on whom, and for how long.
 
     Attributes:
+      model: the model (``fedjax_het.models.Model``).
+      algorithm: the federated algorithm.
+      sampler: who takes part in a round (the cohort's selection without a system).
       rounds: number of rounds.
       work: local work per selected client (batch size, epochs or steps).
       hyper: overrides of the algorithm's traced hyperparameters.
@@ -41,6 +46,9 @@ class Training:
         (``nonfinite_updates``); a non-finite loss or model still stops the run.
     """
 
+    model: Model
+    algorithm: FederatedAlgorithm
+    sampler: Sampler
     rounds: int
     work: LocalWork
     hyper: Mapping[str, float] | None = None
@@ -74,6 +82,13 @@ class Engine:
         run in float64: params, hyperparameters, training, aggregation and evaluation
         (``local.run_model``; needs ``jax_enable_x64``), on the float32 run's schedule
         (the simulated network still carries float32 updates).
+      matmul_precision: "highest", "high" or "default": ``jax.default_matmul_precision``
+        while the run traces its programs (``training.compilation``; on CPU all three are
+        the same arithmetic, on GPU "default" is TF32 and "high" bf16x3).
+      compile_cache: keep compiled programs in the persistent compilation cache
+        (``compilation.cache_dir()``), so that the next process running the same config
+        loads them instead of compiling; False: the cache off for this process.
+        ``summary["compile_cache"]`` counts what the run compiled and loaded.
     """
 
     chunk: int | None = None
@@ -82,6 +97,8 @@ class Engine:
     client_state: str = "auto"
     devices: int | None = None
     precision: str = "float32"
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION
+    compile_cache: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +130,7 @@ class Timing:
     def in_loop(self, algorithm: FederatedAlgorithm) -> bool:
         """Whether the schedule is computed round by round inside the training loop (a
         learned select, or ``algorithm`` freezes by device timing)."""
-        return self.select is not None or algorithm.freezing is not None
+        return self.select is not None or algorithm.hook(Freezing) is not None
 
     def check(self, algorithm: FederatedAlgorithm) -> None:
         """Refuses the combinations no run trains (ValueError)."""
@@ -178,9 +195,34 @@ class Output:
             raise ValueError("resume continues the run in out_dir; give run its out_dir")
 
 
-def grouped(keywords: Mapping[str, Any]) -> tuple[Training, Engine, Timing, Output]:
-    """``run``'s ``keywords`` as its four groups: each field takes the keyword of its name."""
-    return tuple(
-        group(**{field.name: keywords[field.name] for field in dataclasses.fields(group)})
-        for group in (Training, Engine, Timing, Output)
-    )
+class RunOptions(NamedTuple):
+    """``run``'s four groups, in its order: ``run(data, *run_options(...))``."""
+
+    training: Training
+    timing: Timing
+    engine: Engine
+    output: Output
+
+
+def run_options(**keywords: Any) -> RunOptions:
+    """The four groups from flat ``keywords``: each field takes the keyword of its name (left
+    out: its default); a keyword no group has is refused.
+
+    >>> from fedjax_het import models
+    >>> from fedjax_het.algorithms import fedavg
+    >>> from fedjax_het.sampling import uniform
+    >>> options = run_options(
+    ...     model=models.mlp((4,), 2), algorithm=fedavg(), sampler=uniform(10, 2),
+    ...     rounds=3, work=LocalWork(batch_size=5), progress=False)
+    >>> options.training.rounds, options.output.progress, options.engine.chunk
+    (3, False, None)
+    """
+    groups = [Training, Timing, Engine, Output]
+    names = {field.name for group in groups for field in dataclasses.fields(group)}
+    unknown = sorted(set(keywords) - names)
+    if unknown:
+        raise TypeError(f"run has no option {', '.join(map(repr, unknown))}")
+    return RunOptions(*(
+        group(**{f.name: keywords[f.name] for f in dataclasses.fields(group) if f.name in keywords})
+        for group in groups
+    ))

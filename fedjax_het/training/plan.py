@@ -30,8 +30,7 @@ from fedjax_het.system.policy import num_selected
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.system.setup import System
-from fedjax_het.training import online
-from fedjax_het.training.costs import client_costs, priced
+from fedjax_het.training.costs import client_costs, payload_bytes, priced
 from fedjax_het.typing import PRNGKey
 
 
@@ -74,7 +73,7 @@ def plan_run(
     """The schedule of a whole run, before any training (docs/design.md §5).
 
     Payload: every parameter, as stored, both ways (no compression or freezing); an
-    algorithm's ``client_costs`` (sub-models) scale each client's bytes and step time.
+    algorithm's ``SubModel.costs`` (sub-models) scale each client's bytes and step time.
     Selection: the run's sampler, as without a system, when every client is
     always available (or the policy ignores availability) and there is no
     over-commitment, so a homogeneous system reproduces the plain run;
@@ -102,7 +101,7 @@ def plan_runs(
     """
     for system in systems:
         _check_population(system, data)
-    down, up = online.payload_bytes(spec.algorithm, jax.eval_shape(spec.model.init, keys[0]))
+    down, up = payload_bytes(spec.algorithm, spec.model, data.train.x, data.train.y)
     m = sampler.cohort_size
     selectors = {selection_slots(system, sampler, data.num_clients) for system in systems}
     if len(selectors) > 1:
@@ -135,15 +134,30 @@ def plan_runs(
 
 
 def _check_someone_ready(system: System, rows: Schedule) -> None:
-    """Refuses a run in which, from some round on, no client will ever be ready again."""
+    """Refuses a planned run in which, from some round on, no client will ever be ready
+    again."""
     stuck = scheduling.never_ready(system.profiles, system.policy, rows)
     if stuck is not None:
-        at = float(rows.start[stuck])
-        raise ConfigError(
-            f"no client is ever ready again from round {stuck} on (virtual time {at:.0f} s): "
-            "the availability traces have no ready window left; check system.availability "
-            "(or its trace file) and policy.start"
-        )
+        raise ConfigError(_never_ready(stuck, float(rows.start[stuck])))
+
+
+def check_ready_at_start(system: System) -> None:
+    """Refuses a run whose schedule is computed in the loop when no client is ever ready from
+    its first round's start on (``policy.start``): the planned runs' refusal for round 0,
+    known before training."""
+    policy = system.policy
+    if policy.availability_aware and scheduling.nobody_ready_after(
+        system.profiles, policy, float(policy.start)
+    ):
+        raise ConfigError(_never_ready(0, float(policy.start)))
+
+
+def _never_ready(round_idx: int, at: float) -> str:
+    return (
+        f"no client is ever ready again from round {round_idx} on (virtual time {at:.0f} s): "
+        "the availability traces have no ready window left; check system.availability "
+        "(or its trace file) and policy.start"
+    )
 
 
 def _check_population(system: System, data: FederatedData) -> None:
@@ -170,7 +184,7 @@ def plan_events(
     server has none of rounds, deadlines or over-commitment).
     """
     _check_population(system, data)
-    down, up = online.payload_bytes(spec.algorithm, jax.eval_shape(spec.model.init, key))
+    down, up = payload_bytes(spec.algorithm, spec.model, data.train.x, data.train.y)
     costs = client_costs(spec.algorithm, spec.model, data.num_clients, data.train.x)
     profiles, down, up = priced(system.profiles, down, up, costs)
     make = functools.partial(

@@ -19,6 +19,7 @@ from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine import client_store, memory
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.cohort import client_mesh
+from fedjax_het.engine.hooks import Personalized
 from fedjax_het.engine.local import DeviceSplit, hyper_dtype, run_model
 from fedjax_het.engine.round import Round, RunState, device_split, init_state
 from fedjax_het.models import Model
@@ -194,11 +195,11 @@ class Setup:
         round_, algorithm = self.round, self.round.algorithm
         params = algorithm.global_params(state.server_state)
         ev = evaluate(round_.model, params, test, row_client, batch_size=self.eval_batch_size)
-        if algorithm.personal_params is not None:
+        if (personalized := algorithm.hook(Personalized)) is not None:
 
             def params_of(ids):
                 states = round_.store.gather(state.client_states, ids)
-                personal = functools.partial(algorithm.personal_params, state.server_state)
+                personal = functools.partial(personalized.params, state.server_state)
                 return jax.vmap(personal)(states)
 
             ev["personal_correct"], ev["personal_loss_sum"] = evaluate_personal(

@@ -21,6 +21,7 @@ import numpy as np
 from fedjax_het import results
 from fedjax_het.data import diagnostics
 from fedjax_het.data.federated import FederatedData
+from fedjax_het.engine.hooks import RunReport
 from fedjax_het.engine.round import RunState
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.training import checkpoint, compilation, distributed
@@ -55,7 +56,7 @@ class History:
       schedule: the run's schedule when it had a system, else None.
       out_dir: where results were written, or None.
       personal_accuracy: ``[num_clients]`` last test accuracy of each client's own model
-        (algorithms with ``personal_params``), else None.
+        (algorithms with a ``Personalized`` hook), else None.
     """
 
     metrics: list[dict[str, Any]]
@@ -291,9 +292,9 @@ class Recorder:
         if self.accounting or warnings:
             summary["warnings"] = warnings
         algorithm = setup.round.algorithm
-        if algorithm.report is not None:
+        if (reported := algorithm.hook(RunReport)) is not None:
             values = {k: float(v) for k, v in (setup.hyper if hyper is None else hyper).items()}
-            summary.update(algorithm.report(values, setup.data.num_clients, final["round"]))
+            summary.update(reported.report(values, setup.data.num_clients, final["round"]))
         return summary
 
 

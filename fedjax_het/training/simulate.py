@@ -6,34 +6,21 @@ from: ``resume``), plans the schedule before training (``plan``) or inside it
 A round (``fedjax_het.engine.round``) is one jitted program: select the cohort,
 train it (chunked ``vmap``), aggregate, update the server. Rounds run as
 ``lax.scan`` blocks of ``eval_every`` rounds; between blocks the host
-evaluates, logs, draws the progress bar and writes results. ``run`` keeps its flat
-keywords; inside, they travel grouped (``options``).
+evaluates, logs, draws the progress bar and writes results. ``run`` takes four
+option groups (``options``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
-
-import jax
-import jax.numpy as jnp
-import numpy as np
+from collections.abc import Sequence
 
 from fedjax_het import rng
-from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.engine.algorithm import FederatedAlgorithm
-from fedjax_het.models import Model
 from fedjax_het.system import events as event_schedule
-from fedjax_het.system import schedule as scheduling
-from fedjax_het.system.sampler import LearnedSelect, Sampler
 from fedjax_het.system.schedule import Schedule
-from fedjax_het.system.setup import System
-from fedjax_het.training import checkpoint, compilation, interrupt, online
+from fedjax_het.training import checkpoint, compilation, interrupt, strategies
 from fedjax_het.training.divergence import Diverged
 from fedjax_het.training.loop import LoopEnd, train_loop
 from fedjax_het.training.metrics import (
@@ -42,8 +29,9 @@ from fedjax_het.training.metrics import (
     event_accounting,
     schedule_accounting,
 )
-from fedjax_het.training.options import Engine, Output, Timing, Training, grouped
+from fedjax_het.training.options import Engine, Output, RunOptions, Timing, Training, run_options
 from fedjax_het.training.plan import (
+    check_ready_at_start,
     local_spec,
     plan_events,
     plan_run,
@@ -70,72 +58,41 @@ __all__ = [
     "plan_run",
     "restore_state",
     "run",
+    "run_options",
+    "RunOptions",
     "selection_slots",
     "steps_needed",
     "train_loop",
 ]
 
 
-@compilation.engine_options
 def run(
     data: FederatedData,
-    model: Model,
-    algorithm: FederatedAlgorithm,
-    sampler: Sampler,
-    *,
-    rounds: int,
-    work: LocalWork,
-    hyper: Mapping[str, float] | None = None,
-    seed: int = 0,
-    eval_every: int = 10,
-    chunk: int | None = None,
-    unroll: int = 1,
-    weighting: str = "examples",
-    eval_batch_size: int = 1024,
-    progress: bool = True,
-    out_dir: str | Path | None = None,
-    config: Mapping[str, Any] | None = None,
-    on_eval: Callable[[dict[str, Any]], None] | None = None,
-    system: System | None = None,
-    select: LearnedSelect | None = None,
-    targets: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
-    client_state: str = "auto",
-    devices: int | None = None,
-    precision: str = "float32",
-    nonfinite: str = "stop",
-    checkpoint_every: int = 0,
-    resume: bool = False,
-    overwrite: bool = False,
-    server: event_schedule.AsyncServer | None = None,
-    matmul_precision: str = compilation.DEFAULT_MATMUL_PRECISION,
-    compile_cache: bool = True,
+    training: Training,
+    timing: Timing = Timing(),
+    engine: Engine = Engine(),
+    output: Output = Output(),
 ) -> History:
-    """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
+    """Simulates ``training.rounds`` rounds of federated training, evaluating every
+    ``training.eval_every``.
 
     Args:
       data: the federated dataset; its test split gives global and per-client accuracy.
-      model, algorithm, sampler: what to train, how, and who takes part.
-      rounds, work, hyper, seed, eval_every, weighting, nonfinite: what is trained and for
-        how long (:class:`~fedjax_het.training.options.Training` says each).
-      chunk, unroll, eval_batch_size, client_state, devices, precision: how the rounds run
-        on the devices (:class:`~fedjax_het.training.options.Engine`).
-      system, select, server: device timings and the server that follows them
-        (:class:`~fedjax_het.training.options.Timing`).
-      progress, out_dir, config, on_eval, targets, checkpoint_every, resume, overwrite:
-        what the run writes and reports (:class:`~fedjax_het.training.options.Output`).
-      matmul_precision: "highest", "high" or "default": ``jax.default_matmul_precision``
-        while the run traces its programs (``fedjax_het.training.compilation``; on CPU all three
-        are the same arithmetic, on GPU "default" is TF32 and "high" bf16x3).
-      compile_cache: keep compiled programs in the persistent compilation cache
-        (``compilation.cache_dir()``), so that the next process running the same config
-        loads them instead of compiling; False: the cache off for this process.
-        ``summary["compile_cache"]`` counts what the run compiled and loaded.
+      training: what is trained, by which algorithm, on whom, for how long
+        (:class:`~fedjax_het.training.options.Training`).
+      timing: device timings and the server that follows them
+        (:class:`~fedjax_het.training.options.Timing`; default: none, every selected
+        client trains fully).
+      engine: how the rounds run on the devices (:class:`~fedjax_het.training.options.Engine`).
+      output: what the run writes and reports (:class:`~fedjax_het.training.options.Output`).
+
+    ``options.run_options(**keywords)`` builds the four groups from flat keywords.
 
     Returns:
       A :class:`History`.
 
     Raises:
-      Diverged: the run diverged (see ``nonfinite``).
+      Diverged: the run diverged (see ``Training.nonfinite``).
       Interrupted: SIGINT or SIGTERM stopped the run after a block; the checkpoint
         and results were written (``interrupt.Interrupted``, its ``history`` holds them).
         Stopped before its first round, its ``trained`` is False and no checkpoint was
@@ -143,30 +100,26 @@ def run(
         ``history``).
       NotWritten: some result files could not be written (``results.NotWritten``).
     """
-    training, engine, timing, output = grouped(locals())
-    return _run(data, model, algorithm, sampler, training, engine, timing, output)
+    with compilation.applied(engine.matmul_precision, engine.compile_cache):
+        return _run(data, training, timing, engine, output)
 
 
 def _run(
-    data: FederatedData,
-    model: Model,
-    algorithm: FederatedAlgorithm,
-    sampler: Sampler,
-    training: Training,
-    engine: Engine,
-    timing: Timing,
-    output: Output,
+    data: FederatedData, training: Training, timing: Timing, engine: Engine, output: Output
 ) -> History:
     """The steps of a run: check, build the round, plan, open the results, loop, record.
 
     A Ctrl-C before the results are opened stops the run at once (nothing was computed);
     from then on SIGINT and SIGTERM are deferred (``interrupt.deferred``) until the last
     result file is written."""
+    algorithm = training.algorithm
     timing.check(algorithm)
     try:
-        setup = _setup(data, model, algorithm, sampler, training, engine, timing)
+        setup = _setup(data, training, engine, timing)
         key, start = rng.seed_key(training.seed), time.perf_counter()
         online_ = timing.in_loop(algorithm)
+        if online_:
+            check_ready_at_start(timing.system)
         plans, accounting = (None, None) if online_ else _plan(setup, timing, training.rounds, key)
     except KeyboardInterrupt:
         raise interrupt.Interrupted(trained=False) from None
@@ -182,28 +135,33 @@ def _run(
             done=0 if resumed is None else resumed.done,
             unit="round" if timing.server is None else "event",
         )
-        if online_:
-            end, plans = _run_online(setup, timing, key, recorder, loop, output, resumed)
-        else:
-            end = _run_planned(setup, plans, key, recorder, loop, output, resumed)
+        path = (
+            strategies.in_loop(setup, timing, key, recorder, resumed)
+            if online_
+            else strategies.planned(setup, plans, key, recorder, resumed)
+        )
+        end = loop(
+            path.state,
+            block=path.block,
+            evaluate=path.evaluate,
+            plans=path.plans,
+            on_eval=path.on_eval,
+            save=checkpointer(
+                output.out_dir, output.config, [recorder], setup.round.store, path.saved
+            ),
+        )
+        end, plans = path.finished(end)
         return _finish(recorder, end, setup, plans, output.targets)
 
 
-def _setup(
-    data: FederatedData,
-    model: Model,
-    algorithm: FederatedAlgorithm,
-    sampler: Sampler,
-    training: Training,
-    engine: Engine,
-    timing: Timing,
-) -> Setup:
+def _setup(data: FederatedData, training: Training, engine: Engine, timing: Timing) -> Setup:
     """``Setup.build`` for the options: the round sized for the clients it writes at most
     and the model versions it keeps."""
+    sampler = training.sampler
     return Setup.build(
         data,
-        model,
-        algorithm,
+        training.model,
+        training.algorithm,
         sampler,
         rounds=training.rounds,
         work=training.work,
@@ -261,124 +219,6 @@ def _plan(
         origin = float(timing.system.policy.start)
         return plans, schedule_accounting(plans, spec, data.train.count, data.num_clients, origin)
     return None, None
-
-
-def _run_planned(
-    setup: Setup,
-    plans: Schedule | event_schedule.EventSchedule | None,
-    key: PRNGKey,
-    recorder: Recorder,
-    loop: Callable[..., LoopEnd],
-    output: Output,
-    resumed: checkpoint.Loaded | None,
-) -> LoopEnd:
-    """``run``'s loop over the jitted blocks, following ``plans`` (None: no system)."""
-    block, evaluate_ = setup.programs(key)
-    state = setup.init(key)
-    if resumed is not None:
-        state = restore_state(resumed, state, setup.round.store)
-    return loop(
-        state,
-        block=block,
-        evaluate=evaluate_,
-        plans=plans,
-        on_eval=recorder.record,
-        save=checkpointer(output.out_dir, output.config, [recorder], setup.round.store, dict),
-    )
-
-
-def _run_online(
-    setup: Setup,
-    timing: Timing,
-    key: PRNGKey,
-    recorder: Recorder,
-    loop: Callable[..., LoopEnd],
-    output: Output,
-    resumed: checkpoint.Loaded | None,
-) -> tuple[LoopEnd, Schedule | None]:
-    """``run``'s loop with the schedule computed in the loop; returns where it ended and
-    the schedule rows it produced (a checkpoint keeps them)."""
-    data, spec = setup.data, setup.round.spec
-    program, inputs = _online_round(setup, timing.system, timing.select, key)
-    block_fn = jax.jit(program.run_block)
-    _, evaluate_ = setup.programs(key)
-    rows: list[Schedule] = []
-
-    def account():
-        recorder.accounting = schedule_accounting(
-            _concat(rows),
-            spec,
-            data.train.count,
-            data.num_clients,
-            float(timing.system.policy.start),
-        )
-
-    def record(done, block_output, ev):
-        metrics = None
-        if block_output is not None:
-            metrics, row = block_output
-            rows.append(row)
-            account()
-        return recorder.record(done, metrics, ev)
-
-    state = setup.on_mesh(program.init(setup.init(key), data.num_clients))
-    if resumed is not None:
-        state = restore_state(resumed, state, setup.round.store)
-        stored = resumed.group("schedule")
-        if stored:
-            rows.append(
-                Schedule(**{name.lstrip("."): jnp.asarray(a) for name, a in stored.items()})
-            )
-            account()
-    end = loop(
-        state,
-        block=lambda state, ids, _: block_fn(state, ids, inputs),
-        evaluate=lambda state: evaluate_(state.run),
-        plans=None,
-        on_eval=record,
-        save=checkpointer(
-            output.out_dir,
-            output.config,
-            [recorder],
-            setup.round.store,
-            lambda: checkpoint.leaves("schedule", _concat(rows)) if rows else {},
-        ),
-    )
-    return dataclasses.replace(end, state=end.state.run), _concat(rows) if rows else None
-
-
-def _online_round(
-    setup: Setup, system: System, select: LearnedSelect | None, key: PRNGKey
-) -> tuple[online.OnlineRound, online.RoundInputs]:
-    """The round that computes its schedule row itself (``online.OnlineRound``), and its
-    traced inputs."""
-    data, spec = setup.data, setup.round.spec
-    sampler = setup.round.sampler
-    if select is None:  # as plan_run selects, so that a run and its online twin agree
-        slots = selection_slots(system, sampler, data.num_clients)
-        plain = scheduling.as_select_fn(
-            sampler if slots is None else scheduling.select_among_ready(data.num_clients, slots)
-        )
-        select = lambda key, round_idx, ready, record: plain(key, round_idx, ready)
-    program = online.OnlineRound(setup.round, system.policy, select)
-    costs = np.ones(1, np.float32)
-    freezing = setup.round.algorithm.freezing
-    if freezing is not None:
-        masks = freezing.depth_masks(setup.round.model.init(rng.stream(key, "init")))
-        costs = online.step_costs(spec, setup.hyper, setup.train, masks)
-    inputs = online.RoundInputs(
-        setup.hyper,
-        setup.train,
-        key,
-        system.profiles,
-        jnp.asarray(steps_needed(spec, data.train.count)),
-        jnp.asarray(costs),
-    )
-    return program, inputs
-
-
-def _concat(rows: Sequence[Schedule]) -> Schedule:
-    return jax.tree.map(lambda *blocks: jnp.concatenate(blocks), *rows)
 
 
 def _finish(

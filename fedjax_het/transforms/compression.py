@@ -38,8 +38,10 @@ from fedjax_het.engine.algorithm import (
     ClientStats,
     FederatedAlgorithm,
     LocalContext,
+    LocalTraining,
     require_model_delta,
 )
+from fedjax_het.engine.hooks import Freezing, PayloadBytes, Personalized, attach
 from fedjax_het.transforms.compressor import (
     FLOAT_BITS,
     Compressor,
@@ -147,7 +149,7 @@ def compressed(
     model cast to ``download`` (``"float16"``, ``"bfloat16"``; None: float32).
 
     The server aggregates what it decodes, and the round's schedule carries the
-    encodings' exact bytes (``FederatedAlgorithm.payload``), so compression
+    encodings' exact bytes (a ``PayloadBytes`` hook), so compression
     shortens simulated transfers and changes who meets a deadline. The upload
     compressor's state (error feedback's residual) is client state, kept as the
     algorithm's own is: only when the client's update counted. Randomised
@@ -164,10 +166,12 @@ def compressed(
     """
     upload = upload or identity()
     cast_down = identity() if download is None else cast(download)
-    if algorithm.freezing is not None:
+    if algorithm.hook(Freezing) is not None:
         raise ValueError(
             f"{algorithm.name} uploads only the layers it trains: it cannot be compressed"
         )
+
+    local = algorithm.local
 
     def inner(ctx: LocalContext) -> LocalContext:
         return ctx.replace(client_state=ctx.client_state[0])
@@ -176,14 +180,14 @@ def compressed(
         return algorithm.client_init(params), upload.init(params)
 
     def client_start(model, payload, client_state, batches, hyper, key):
-        start, state = algorithm.client_start(model, payload, client_state[0], batches, hyper, key)
+        start, state = local.start(model, payload, client_state[0], batches, hyper, key)
         return start, (state, client_state[1])
 
     def local_loss(model, params, batch, ctx, hyper, key):
-        return algorithm.local_loss(model, params, batch, inner(ctx), hyper, key)
+        return local.loss(model, params, batch, inner(ctx), hyper, key)
 
     def client_finalize(params, ctx, hyper):
-        update, state = algorithm.client_finalize(params, inner(ctx), hyper)
+        update, state = local.finalize(params, inner(ctx), hyper)
         require_model_delta(
             update, ctx.start, algorithm.name,
             "compression applies to the FedAvg family, FedProx, FedNova, Ditto and FedPer/FedRep",
@@ -198,16 +202,15 @@ def compressed(
     def payload(params: Params) -> tuple[int, int]:
         return bytes_sent(cast_down, params), bytes_sent(upload, params)
 
-    personal = algorithm.personal_params
-    return dataclasses.replace(
+    compressed_algorithm = dataclasses.replace(
         algorithm,
         aggregator=_majority_vote() if majority_vote else algorithm.aggregator,
         name=f"{algorithm.name}+{upload.name}+down({download or 'float32'})",
         client_init=client_init,
-        client_start=client_start,
-        local_loss=local_loss,
-        client_finalize=client_finalize,
+        local=LocalTraining(local.optimizer, local_loss, client_start, client_finalize),
         broadcast=broadcast,
-        payload=payload,
-        personal_params=None if personal is None else lambda s, c: personal(s, c[0]),
     )
+    hooks = [PayloadBytes(payload)]
+    if (personal := algorithm.hook(Personalized)) is not None:
+        hooks.append(Personalized(lambda s, c: personal.params(s, c[0])))
+    return attach(compressed_algorithm, *hooks)

@@ -40,15 +40,15 @@ from flax import struct
 
 from fedjax_het import rng
 from fedjax_het.engine.algorithm import (
-    POSITIVE,
-    UNIT,
     Aggregator,
     ClientStats,
     FederatedAlgorithm,
-    Interval,
     LocalContext,
+    LocalTraining,
     require_model_delta,
 )
+from fedjax_het.engine.hooks import CohortProbe, Personalized, RunReport, ServerMetrics, attach
+from fedjax_het.engine.hyper import POSITIVE, UNIT, HyperSpec, Interval
 from fedjax_het.transforms.compressor import at_least_float32, pairwise_sum
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree, ServerState, Update
 
@@ -111,7 +111,7 @@ def private(
         raise ValueError(f"cohort_size must be an int >= 1, got {cohort_size!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    if algorithm.probe is not None:
+    if algorithm.hook(CohortProbe) is not None:
         raise ValueError(f"{algorithm.name} sends its clients' statistics before training "
                          "(a CohortProbe), which DP-FedAvg neither clips nor noises")
     require_accounting()  # before training: the privacy spent is computed after it
@@ -128,56 +128,70 @@ def private(
         return PrivateState(algorithm.server_init(params, hyper, num_clients), hyper["dp_clip"])
 
     adaptive_hyper = (("dp_quantile", float(target_quantile)), ("dp_clip_lr", float(clip_lr)))
-    return dataclasses.replace(
+    dp_hyper = HyperSpec(
+        (("dp_clip", float(clip_norm)), ("dp_noise", float(noise_multiplier)),
+         *(adaptive_hyper if adaptive else ())),
+        (("dp_clip", POSITIVE), ("dp_noise", noise_range),
+         *((("dp_quantile", UNIT), ("dp_clip_lr", POSITIVE)) if adaptive else ())),
+    )
+    private = dataclasses.replace(
         algorithm,
         name=f"dp({algorithm.name})",
-        hyper_defaults=(*algorithm.hyper_defaults, ("dp_clip", float(clip_norm)),
-                        ("dp_noise", float(noise_multiplier)),
-                        *(adaptive_hyper if adaptive else ())),
-        hyper_ranges=(*algorithm.hyper_ranges, ("dp_clip", POSITIVE), ("dp_noise", noise_range),
-                      *((("dp_quantile", UNIT), ("dp_clip_lr", POSITIVE)) if adaptive else ())),
+        hyperparameters=algorithm.hyperparameters + dp_hyper,
         server_init=server_init,
         broadcast=lambda state: (algorithm.broadcast(state.inner), state.clip),
-        **_clipping_clients(algorithm),
+        local=_clipping_clients(algorithm.local, algorithm.name),
         aggregator=clipped_sum(),
         server_update=_noised_server_update(
             algorithm, cohort_size=cohort_size, sigma_b=sigma_b, adaptive=adaptive
         ),
         global_params=lambda state: algorithm.global_params(state.inner),
-        personal_params=None if algorithm.personal_params is None
-        else lambda state, client: algorithm.personal_params(state.inner, client),
-        server_metrics=lambda state: {
-            "clip_norm": state.clip,
-            **(algorithm.server_metrics(state.inner) if algorithm.server_metrics else {}),
-        },
-        report=_privacy_report(cohort_size=cohort_size, delta=delta, adaptive=adaptive),
-    )  # fmt: skip
+    )
+    return attach(private, *_private_hooks(algorithm, cohort_size, delta, adaptive))
 
 
-def _clipping_clients(algorithm: FederatedAlgorithm) -> dict[str, Callable]:
-    """DP-FedAvg's client side: ``algorithm``'s own on the broadcast model, its update clipped
-    to the broadcast clip norm (``client_start``, ``local_loss`` and ``client_finalize``)."""
+def _private_hooks(
+    algorithm: FederatedAlgorithm, cohort_size: int, delta: float, adaptive: bool
+) -> list:
+    """The hooks of the DP-wrapped ``algorithm``: the clip norm beside its own per-round
+    metrics, the privacy report, and its personal models read through the wrapped state."""
+    inner = algorithm.hook(ServerMetrics)
+
+    def metrics(state: PrivateState) -> dict[str, jax.Array]:
+        return {"clip_norm": state.clip, **(inner.metrics(state.inner) if inner else {})}
+
+    hooks = [
+        ServerMetrics(metrics),
+        RunReport(_privacy_report(cohort_size=cohort_size, delta=delta, adaptive=adaptive)),
+    ]
+    if (personal := algorithm.hook(Personalized)) is not None:
+        hooks.append(Personalized(lambda state, client: personal.params(state.inner, client)))
+    return hooks
+
+
+def _clipping_clients(local: LocalTraining, name: str) -> LocalTraining:
+    """DP-FedAvg's client side: the algorithm's own (``local``, the algorithm ``name``) on the
+    broadcast model, its update clipped to the broadcast clip norm."""
 
     def inner(ctx: LocalContext) -> LocalContext:
         return ctx.replace(broadcast=ctx.broadcast[0])
 
     def client_start(model, payload, client_state, batches, hyper, key):
-        return algorithm.client_start(model, payload[0], client_state, batches, hyper, key)
+        return local.start(model, payload[0], client_state, batches, hyper, key)
 
     def local_loss(model, params, batch, ctx, hyper, key):
-        return algorithm.local_loss(model, params, batch, inner(ctx), hyper, key)
+        return local.loss(model, params, batch, inner(ctx), hyper, key)
 
     def client_finalize(params: Params, ctx: LocalContext, hyper: Hyper):
-        update, state = algorithm.client_finalize(params, inner(ctx), hyper)
+        update, state = local.finalize(params, inner(ctx), hyper)
         require_model_delta(
-            update, ctx.start, algorithm.name,
+            update, ctx.start, name,
             "DP-FedAvg clips the model delta of the FedAvg family and FedProx",
         )  # fmt: skip
         bound = ctx.broadcast[1]
         return ClippedUpdate(clip(update, bound), norm(update) <= bound), state
 
-    return {"client_start": client_start, "local_loss": local_loss,
-            "client_finalize": client_finalize}  # fmt: skip
+    return LocalTraining(local.optimizer, local_loss, client_start, client_finalize)
 
 
 def _noised_server_update(

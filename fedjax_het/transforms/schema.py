@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from fedjax_het.engine.algorithm import Batches, ClientStats, FederatedAlgorithm, LocalContext
+from fedjax_het.engine.algorithm import FederatedAlgorithm
+from fedjax_het.engine.hooks import PayloadBytes
+from fedjax_het.engine.shapes import one_client
 from fedjax_het.models import Model
 from fedjax_het.schema import ConfigError, Key, guarded, optional_table, signature_keys
 from fedjax_het.transforms import compression, privacy
@@ -65,7 +66,7 @@ def _compressed(config: dict[str, Any], algorithm: FederatedAlgorithm) -> Federa
     args = optional_table(config, "compression", compression.from_options)
     if args is None:
         return algorithm
-    if algorithm.payload is not None:
+    if algorithm.hook(PayloadBytes) is not None:
         raise ConfigError(
             f"[compression] does not apply to algorithm.name = {config['algorithm']['name']!r}: "
             "it encodes its own uploads (its payload, as FetchSGD's Count Sketch), which the "
@@ -118,7 +119,7 @@ def check_updates(
     tables = [table for table in ("compression", "privacy") if config.get(table)]
     if not tables:
         return
-    start, update, aggregate = _one_client(algorithm, model, x, y)
+    _, start, update, aggregate = one_client(algorithm, model, x, y)
     name = config["algorithm"]["name"]
     if jax.tree.structure(update) != jax.tree.structure(start):
         what = "compression encodes" if tables[0] == "compression" else "DP-FedAvg clips"
@@ -133,26 +134,3 @@ def check_updates(
             "more than the mean of the client updates, and DP-FedAvg replaces that mean with "
             "a noised one"
         )
-
-
-def _one_client(algorithm: FederatedAlgorithm, model: Model, x: Any, y: Any) -> tuple:
-    """The shapes of one client's starting params, update and the server's aggregate of it."""
-    key = jax.random.key(0)
-    one = lambda a: jax.ShapeDtypeStruct((1, 1, *a.shape[1:]), a.dtype)  # one batch of one
-
-    def round_of_one(x: jax.Array, y: jax.Array) -> tuple:
-        params = model.init(key)
-        hyper = algorithm.hyper()
-        broadcast = algorithm.broadcast(algorithm.server_init(params, hyper, 1))
-        batches = Batches(x, y, jnp.ones(x.shape[:2], bool))
-        start, state = algorithm.client_start(
-            model, broadcast, algorithm.client_init(params), batches, hyper, key
-        )
-        steps = jnp.ones((), jnp.int32)
-        ctx = LocalContext(broadcast, start, state, steps, steps, key, client_id=steps - 1)
-        update, _ = algorithm.client_finalize(start, ctx, hyper)
-        stats = ClientStats(jnp.zeros(()), jnp.ones(()), steps)
-        sums = algorithm.aggregator.contribute(update, jnp.ones(()), stats)
-        return start, update, algorithm.aggregator.finalize(sums)
-
-    return jax.eval_shape(round_of_one, one(x), one(y))

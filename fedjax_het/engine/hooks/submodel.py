@@ -1,8 +1,9 @@
-"""The hooks of an algorithm whose clients train sub-models of the params (FjORD, HeteroFL,
-FedRolex: ``algorithms/submodels.py``, ``algorithms/width_fedavg.py``): the masks of a local
-step (``SubModel``), the dense programs of a few width levels (``DenseLevels``,
-``engine.groups``) and each client's share of the full model's cost on the simulated
-schedule (``ClientCosts``). Fields of ``FederatedAlgorithm`` (``engine.algorithm``).
+"""The sub-model hook: clients train sub-models of the params (FjORD, HeteroFL, FedRolex:
+``algorithms/submodels.py``, ``algorithms/width_fedavg.py``).
+
+``SubModel`` holds the masks of a local step, optionally the dense programs of a few width
+levels (``DenseLevels``, run by ``engine.groups``) and each client's share of the full
+model's cost on the simulated schedule (``ClientCosts``, applied by ``training.costs``).
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ class SubModel:
         round (the union of its steps' masks, or more: FjORD sends its widest sub-model).
       groups: the sub-models as a few fixed width levels that may each train as a smaller
         dense model (``DenseLevels``), or None: masks only.
+      costs: ``(num_clients, model, example) -> ClientCosts`` each client's share of a full
+        step's FLOPs and of the payload, from the model and an input batch's shape
+        (``example``, a ``jax.ShapeDtypeStruct``); None: every client pays the full model.
     """
 
     step: Callable[..., tuple[PyTree, PyTree]]
     trained: Callable[..., PyTree]
     groups: DenseLevels | None = None
+    costs: Callable[..., ClientCosts] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
