@@ -81,6 +81,12 @@ if [ "$QUICK" = 1 ]; then
     # XLA's backend at optimisation level 0 compiles about twice as fast; the figures of a
     # dry run are not results (the rows record XLA_FLAGS).
     FAST=(env "XLA_FLAGS=${XLA_FLAGS:-} --xla_backend_optimization_level=0")
+    # A dry run is no device call: on a shared CPU its stages get four times the caps.
+    TOTAL=${DEVICE_CHECK_BUDGET_S:-2000}
+    for cap in CAP_INSTALL CAP_ENV CAP_W1K CAP_W10K CAP_W2 CAP_PRECISION CAP_STARTUP CAP_SWEEP \
+        CAP_INVARIANCE CAP_SUMMARY; do
+        eval "$cap=\$((4 * $cap))"
+    done
     COMMON=(--quick --reps 3 --warmup 0 --max-timing-s 1)
     W1K=(--workloads W1 --cohorts 16 --baselines loop,bare_vmap --algorithms fedavg,scaffold)
     W10K=(--workloads W1 --cohorts 64 --baselines bare_vmap --algorithms fedavg,scaffold)

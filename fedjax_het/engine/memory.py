@@ -178,14 +178,7 @@ def plan_chunk(
       ValueError: (one line) bad arguments, or a round that does not fit with
         one client per chunk (or with the explicit ``chunk``).
     """
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
-    at_least_one = (cohort, runs, *(n for n in (chunk, cap) if n is not None))
-    if min(at_least_one) < 1 or not 0 < safety <= 1:
-        raise ValueError(
-            f"cohort, runs, chunk and cap must be >= 1 and safety in (0, 1], got cohort {cohort}, "
-            f"runs {runs}, chunk {chunk}, cap {cap}, safety {safety}"
-        )
+    _check(source, cohort, runs, chunk, cap, safety)
     if source == "auto":
         source = "analytic" if step_cost.planning_backend() == "cpu" else "xla"
     leaves, treedef = jax.tree.flatten(_abstract((hyper, train)))
@@ -207,19 +200,11 @@ def plan_chunk(
     budget = safety * free
     explicit, cost = chunk is not None, None
     if chunk is None:
-        fits = int((budget - plan.need(0)) // max(runs * plan.per_client_bytes, 1))
-        if cap is None:
-            preferred, cost = step_cost.preferred_chunk(spec, train, cohort, work_varies)
-        else:
-            preferred = cap
-        chunk = max(1, min(preferred, cohort, fits))
+        chunk, cost = _first_guess(plan, budget, spec, train, cap, work_varies)
     plan = dataclasses.replace(plan, chunk=effective_chunk(chunk, cohort), step=cost)
     if plan.source == "xla":
-        extra = memory_estimate.server_bytes(spec, hyper, num_clients) - tree_bytes(train)
-        measure = lambda c: memory_estimate.chunk_program_bytes(
-            spec, num_clients, treedef, leaves, c
-        )
-        plan = _fit_compiled(plan, lambda c: measure(c) + extra, budget, halve=not explicit)
+        args = (spec, hyper, train, num_clients, treedef, leaves)
+        plan = _fit_compiled(plan, _compiled_measure(*args), budget, halve=not explicit)
     if plan.needed > budget:
         raise ValueError(
             f"the round does not fit the device: {plan.describe()}, over the {safety:.0%} "
@@ -227,6 +212,39 @@ def plan_chunk(
             f"sweep cells, less data or a smaller model, or client_state='host'"
         )
     return plan
+
+
+def _check(source: str, cohort: int, runs: int, chunk, cap, safety: float) -> None:
+    """Refuses bad arguments of ``plan_chunk`` (ValueError, one line)."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    at_least_one = (cohort, runs, *(n for n in (chunk, cap) if n is not None))
+    if min(at_least_one) < 1 or not 0 < safety <= 1:
+        raise ValueError(
+            f"cohort, runs, chunk and cap must be >= 1 and safety in (0, 1], got cohort {cohort}, "
+            f"runs {runs}, chunk {chunk}, cap {cap}, safety {safety}"
+        )
+
+
+def _first_guess(
+    plan: ChunkPlan, budget: float, spec: LocalSpec, train: DeviceSplit, cap, work_varies: bool
+) -> tuple[int, step_cost.StepCost | None]:
+    """The backend's preference (or ``cap``), lowered to what the straight line fits, and the
+    step cost the preference was given."""
+    fits = int((budget - plan.need(0)) // max(plan.runs * plan.per_client_bytes, 1))
+    cost = None
+    if cap is None:
+        cap, cost = step_cost.preferred_chunk(spec, train, plan.cohort, work_varies)
+    return max(1, min(cap, plan.cohort, fits)), cost
+
+
+def _compiled_measure(spec, hyper, train, num_clients, treedef, leaves):
+    """``chunk -> bytes`` of the compiled chunk program per run: the program (the training
+    split among its arguments is counted once, in ``data_bytes``) and the server state."""
+    extra = memory_estimate.server_bytes(spec, hyper, num_clients) - tree_bytes(train)
+    return lambda c: (
+        extra + memory_estimate.chunk_program_bytes(spec, num_clients, treedef, leaves, c)
+    )
 
 
 def _fit_compiled(plan: ChunkPlan, measure, budget: float, *, halve: bool) -> ChunkPlan:
