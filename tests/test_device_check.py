@@ -37,7 +37,7 @@ def test_quick_device_check_runs_every_stage_and_writes_its_files(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=480,
+        timeout=900,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
