@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_het import models
+from fedjax_het.engine.flops import PRODUCTS, product_flops
 from fedjax_het.engine.hooks import ClientCosts
 from fedjax_het.models import Model, kept_units
 from fedjax_het.typing import Params, PyTree
@@ -259,17 +260,6 @@ _KERNEL_VIEWS = {"concatenate", "convert_element_type", "copy", "reshape", "tran
                  "squeeze", "expand_dims"}
 
 
-def _product_flops(eqn) -> float:
-    """FLOPs of one ``dot_general`` or ``conv_general_dilated`` from its shapes (2 per
-    multiply-add), as XLA's cost analysis counts them."""
-    out = math.prod(eqn.outvars[0].aval.shape)
-    if eqn.primitive.name == "dot_general":
-        (contract, _), _ = eqn.params["dimension_numbers"]
-        return 2.0 * out * math.prod(eqn.invars[0].aval.shape[d] for d in contract)
-    rhs = eqn.invars[1].aval.shape
-    return 2.0 * out * math.prod(rhs) / rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
-
-
 def _products(jaxpr, kernels: dict, times: float, found: list) -> None:
     """Appends ``(leaf ids, flops)`` for every product in ``jaxpr`` (nested ones included, a
     scan's ``length`` times) whose operand is a params kernel; ``kernels``: var -> leaf ids."""
@@ -277,8 +267,8 @@ def _products(jaxpr, kernels: dict, times: float, found: list) -> None:
         read = [kernels.get(v, frozenset()) if isinstance(v, jcore.Var) else frozenset()
                 for v in eqn.invars]
         name = eqn.primitive.name
-        if name in ("dot_general", "conv_general_dilated") and any(read):
-            found.append((frozenset().union(*read), times * _product_flops(eqn)))
+        if name in PRODUCTS and any(read):
+            found.append((frozenset().union(*read), times * product_flops(eqn)))
         elif name in _KERNEL_VIEWS and read and all(read):
             kernels[eqn.outvars[0]] = frozenset().union(*read)
         for sub in jcore.jaxprs_in_params(eqn.params):

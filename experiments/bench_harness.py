@@ -92,15 +92,16 @@ import numpy as np
 from fedjax_het import models, rng
 from fedjax_het.algorithms.fedavg import fedavg
 from fedjax_het.data.batching import LocalWork
-from fedjax_het.data.federated import ClientArrays
+from fedjax_het.data.federated import ClientArrays, FederatedData
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.local import DeviceSplit, LocalSpec, client_batches
 from fedjax_het.engine.round import Round, RunState, device_split, init_state
 from fedjax_het.sampling import uniform
 from fedjax_het.system import policy as policies
 from fedjax_het.system.schedule import OK, OUTCOMES, Schedule, plan_round
-from fedjax_het.system.setup import profiles_from_options
-from fedjax_het.training import online, simulate
+from fedjax_het.system.setup import System, profiles_from_options
+from fedjax_het.training import online, options, simulate
+from fedjax_het.training.programs import Setup as RunSetup
 from fedjax_het.typing import Hyper, Params
 
 GATE_TOLERANCE = 5e-3
@@ -144,19 +145,13 @@ def make_setup(model: models.Model, train: ClientArrays, work: LocalWork, cohort
     return Setup(round_, device_split(train), hyper, key, state)
 
 
-def flash_deadline_plan(setup: Setup, *, dropout: float = DROPOUT) -> tuple[Schedule, dict]:
-    """Round ROUND's schedule row under a heterogeneous system, and a summary of it.
-
-    Devices: FLASH's AI-Benchmark devices drawn uniformly (``profiles_from_options``,
-    ``devices="flash"``: the median device takes 0.05 s a step); network: BANDWIDTH
-    for everyone; always available; each client drops out with probability
-    ``dropout``. Policy: a deadline with partial work (a client plans the steps
-    that fit, ``policy.deadline(on_late="partial")``) set to the median time the
-    cohort's clients need for their full round: in 10,000 W1-like clients 45 %
-    trained fully, 19 % part of their steps, 26 % (too slow for one step) none
-    (LATE), and ``dropout`` of them were DROPPED. Selection is the round's
-    sampler with the same key, so the cohort is the homogeneous round's.
-    """
+def flash_deadline_system(setup: Setup, *, dropout: float = DROPOUT) -> System:
+    """The heterogeneous system of ``flash_deadline_plan``: FLASH's AI-Benchmark devices drawn
+    uniformly (``profiles_from_options``, ``devices="flash"``: the median device takes 0.05 s
+    a step); network: BANDWIDTH for everyone; always available; each client drops out with
+    probability ``dropout``. Policy: a deadline with partial work (a client plans the steps
+    that fit, ``policy.deadline(on_late="partial")``) set to the median time the cohort's
+    clients need for their full round."""
     round_ = setup.round_
     profiles = profiles_from_options(
         round_.sampler.num_clients,
@@ -165,40 +160,69 @@ def flash_deadline_plan(setup: Setup, *, dropout: float = DROPOUT) -> tuple[Sche
         bandwidth=BANDWIDTH,
         dropout=dropout,
     )
+    full = _round_row(setup, System(profiles, policies.wait_all()))
+    deadline = float(np.median(np.asarray(full.finish)[np.asarray(full.outcome) == OK]))
+    return System(profiles, policies.deadline(deadline, on_late="partial"))
+
+
+def _round_row(setup: Setup, system: System) -> Schedule:
+    """Round ROUND's schedule row under ``system``, selected by the round's sampler."""
+    round_ = setup.round_
     payload = online.upload_bytes(jax.eval_shape(round_.model.init, setup.key))
     needed = jnp.asarray(simulate.steps_needed(round_.spec, np.asarray(setup.train.count)))
+    return plan_round(
+        system.profiles,
+        system.policy,
+        round_.sampler,
+        round_idx=jnp.int32(ROUND),
+        start=system.policy.start,
+        key=setup.key,
+        cohort_size=setup.cohort,
+        steps_needed=needed,
+        payload_down=payload,
+        payload_up=payload,
+    )[0]
 
-    def row(policy: policies.RoundPolicy) -> Schedule:
-        return plan_round(
-            profiles,
-            policy,
-            round_.sampler,
-            round_idx=jnp.int32(ROUND),
-            start=policy.start,
-            key=setup.key,
-            cohort_size=setup.cohort,
-            steps_needed=needed,
-            payload_down=payload,
-            payload_up=payload,
-        )[0]
 
-    full = row(policies.wait_all())
-    deadline = float(np.median(np.asarray(full.finish)[np.asarray(full.outcome) == OK]))
-    plan = row(policies.deadline(deadline, on_late="partial"))
+def flash_deadline_plan(setup: Setup, *, dropout: float = DROPOUT) -> tuple[Schedule, dict]:
+    """Round ROUND's schedule row under ``flash_deadline_system``, and a summary of it.
+
+    In 10,000 W1-like clients 45 % trained fully, 19 % part of their steps, 26 % (too slow
+    for one step) none (LATE), and ``dropout`` of them were DROPPED. Selection is the
+    round's sampler with the same key, so the cohort is the homogeneous round's.
+    """
+    system = flash_deadline_system(setup, dropout=dropout)
+    plan = _round_row(setup, system)
+    needed = simulate.steps_needed(setup.round_.spec, np.asarray(setup.train.count))
     outcome, done = np.asarray(plan.outcome), np.asarray(plan.steps_done)
-    ok, wanted = outcome == OK, np.asarray(needed)[np.asarray(plan.selected)]
+    ok, wanted = outcome == OK, needed[np.asarray(plan.selected)]
     summary = {
         "system": "flash-deadline",
         "devices": "flash (AI-Benchmark), median 0.05 s a step",
         "bandwidth_bytes_s": BANDWIDTH,
         "dropout": dropout,
-        "deadline_s": deadline,
+        "deadline_s": float(system.policy.deadline),
         "policy": "deadline, on_late=partial, deadline = median full-round time",
         "outcomes": {name: int(np.sum(outcome == code)) for code, name in enumerate(OUTCOMES)},
         "ok_partial": int(np.sum(ok & (done < wanted))),
         "steps_done_share": float(done[ok].sum() / max(wanted.sum(), 1)),
     }
     return plan, summary
+
+
+def run_setup(
+    data: FederatedData,
+    model: models.Model,
+    algorithm: FederatedAlgorithm,
+    sampler,
+    **run_kwargs: Any,
+) -> RunSetup:
+    """The ``training.programs.Setup`` that ``fedjax-het run`` builds for these arguments
+    (``simulate.run``'s keywords, its defaults for the rest): ``run``'s own option groups
+    (``options.run_options``) and its own ``round_setup``, so that the chunk plan is the one ``run`` records in
+    ``summary.json`` (``tests/test_bench_plan.py``)."""
+    grouped = options.run_options(model=model, algorithm=algorithm, sampler=sampler, **run_kwargs)
+    return simulate.round_setup(data, grouped.training, grouped.engine, grouped.timing)
 
 
 def cohort_plan(
@@ -251,6 +275,7 @@ class Implementation:
     compile_s: float
     estimate: Callable[[], float] | None = None
     timed_clients: int | None = None
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def compile_timed(
@@ -270,24 +295,40 @@ def engine(
     algorithm: FederatedAlgorithm | None = None,
     plan: Schedule | None = None,
     proportional: bool = True,
+    planned: Callable[[], RunSetup] | None = None,
 ) -> Implementation:
     """``Round.step`` of ``algorithm`` (default: the setup's FedAvg) as one compiled program,
     ``chunk`` clients per ``vmap``, on ``plan`` (a schedule row) when given; another algorithm
     starts from its own initial state (same key, so the same initial params) with its default
     hyperparameters. ``proportional=False`` runs every masked step (``Round.proportional``):
-    the same round's bits at the cost of the engine before work-proportional rounds."""
-    state, hyper = setup.state, setup.hyper
-    if algorithm is None:
-        algorithm = setup.round_.algorithm
-        state = jax.tree.map(jnp.copy, state)  # this program takes it over (donation, below)
+    the same round's bits at the cost of the engine before work-proportional rounds.
+
+    ``planned``: builds the round as ``fedjax-het run`` does (``run_setup``: its round, chunk
+    plan, client-state store, hyperparameters and initial state; ``chunk`` and ``algorithm``
+    are then its); the row gets the plan's chunk and line (``Implementation.settings``)."""
+    settings = {}
+    if planned is not None:
+        made = planned()
+        round_ = dataclasses.replace(
+            made.round,
+            spec=dataclasses.replace(made.round.spec, unroll=unroll),
+            proportional=proportional,
+        )
+        state, hyper, algorithm = made.init(setup.key), made.hyper, made.round.algorithm
+        settings = {"chunk": round_.chunk, "chunk_plan": made.chunk_plan.describe()}
     else:
-        hyper = algorithm.hyper()
-        population = setup.round_.sampler.num_clients
-        state = init_state(setup.round_.model, algorithm, population, hyper, setup.key)
-    spec = dataclasses.replace(setup.round_.spec, algorithm=algorithm, unroll=unroll)
-    round_ = dataclasses.replace(
-        setup.round_, algorithm=algorithm, chunk=chunk, spec=spec, proportional=proportional
-    )
+        state, hyper = setup.state, setup.hyper
+        if algorithm is None:
+            algorithm = setup.round_.algorithm
+            state = jax.tree.map(jnp.copy, state)  # this program takes it over (donation, below)
+        else:
+            hyper = algorithm.hyper()
+            population = setup.round_.sampler.num_clients
+            state = init_state(setup.round_.model, algorithm, population, hyper, setup.key)
+        spec = dataclasses.replace(setup.round_.spec, algorithm=algorithm, unroll=unroll)
+        round_ = dataclasses.replace(
+            setup.round_, algorithm=algorithm, chunk=chunk, spec=spec, proportional=proportional
+        )
     args = (jnp.int32(ROUND), hyper, setup.train, setup.key, plan)
     # The state is donated, as simulate.run's blocks donate it: the client-state table is
     # updated in place, never copied (SCAFFOLD's at W2/1000 is 53 GB). Each round starts
@@ -300,7 +341,7 @@ def engine(
         current.append(state)
         return algorithm.global_params(state.server_state), (state, metrics)
 
-    return Implementation(run, compile_s)
+    return Implementation(run, compile_s, settings=settings)
 
 
 def per_client_loop(
@@ -476,7 +517,7 @@ def measure(
         except Exception as error:  # noqa: BLE001 - recorded in the row, the run goes on
             _failed(row, variant, "" if shared else f"gate program ({gate_precision}): ", error)
             continue
-        row.update(gate_compile_s=impl.compile_s, gate_round_s=gate_round_s)
+        row.update(**impl.settings, gate_compile_s=impl.compile_s, gate_round_s=gate_round_s)
         group = (variant.settings.get("system", "none"), variant.settings.get("gate_group"))
         if group not in references:
             references[group], row["gate"] = (variant.name, params), {"reference": True}
@@ -572,7 +613,8 @@ def _round(row: dict[str, Any], impl: Implementation, *, timed: bool) -> bool:
 def _ratios(rows: list[dict[str, Any]]) -> None:
     """Each timed engine row over the loop of its system and over the bare ``vmap``
     (``ratio_to_loop``, ``ratio_to_bare_vmap``), another algorithm's engine row over
-    FedAvg's with the same system, chunk and unrolling (``ratio_to_fedavg``), and a
+    FedAvg's with the same system, chunk (or both of run's plan) and unrolling
+    (``ratio_to_fedavg``), and a
     heterogeneous engine row over the same engine's (algorithm, chunk, unrolling) homogeneous
     round (``ratio_to_homogeneous``; a chunk the homogeneous round did not run, a
     ``--sorted-chunks`` row's, over its fastest chunk), and a work-proportional engine row over the same round
@@ -586,6 +628,10 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
             row.get("proportional", True),
         )
 
+    def fedavg_key(row: dict[str, Any]) -> tuple:  # rows of run's plan: each its own chunk
+        planned = str(row.get("chunk_from", "")).startswith("run's plan")
+        return ("planned" if planned else key(row)[1], *key(row)[:1], *key(row)[2:])
+
     timed = [row for row in rows if "median_s" in row]
     loop = {
         row.get("system", "none"): row["median_s"]
@@ -594,7 +640,7 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
     }
     bare = [row["median_s"] for row in timed if row["implementation"] == "bare_vmap"]
     fedavg_median = {
-        key(row): row["median_s"]
+        fedavg_key(row): row["median_s"]
         for row in timed
         if row["implementation"] == "engine" and row.get("algorithm") == "fedavg"
     }
@@ -627,8 +673,8 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
             row["ratio_to_loop"] = row["median_s"] / loop[row.get("system", "none")]
         if bare:
             row["ratio_to_bare_vmap"] = row["median_s"] / bare[0]
-        if row.get("algorithm") != "fedavg" and key(row) in fedavg_median:
-            row["ratio_to_fedavg"] = row["median_s"] / fedavg_median[key(row)]
+        if row.get("algorithm") != "fedavg" and fedavg_key(row) in fedavg_median:
+            row["ratio_to_fedavg"] = row["median_s"] / fedavg_median[fedavg_key(row)]
 
 
 def _print(row: dict[str, Any]) -> None:

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The device check: one prepared run on a lent accelerator (an H100 or H200) in at most 9 minutes
-# 50 s of wall time, on a machine with python3 and a CUDA JAX installed and no network.
+# The device check: one prepared run on a lent accelerator (an H100 or H200) that measures every
+# target in one call of at most 9 minutes of wall time, on a machine with python3 and a CUDA JAX
+# installed and no network.
 #
 #   experiments/device_check.sh OUT_DIR [--quick]
 #   make device-check OUT=OUT_DIR [ARGS=--quick]
 #
 # Stages, each under `timeout` (its cap, clipped to what is left of the budget, some seconds
-# kept for the summary), in order:
+# kept for the summary), in the order of the targets they measure:
 #
 #   install      the package without its dependencies and without network, into a temporary
 #                folder put on PYTHONPATH: pip from a copy of the sources (--no-deps
@@ -15,28 +16,35 @@
 #                with a dist-info holding pyproject.toml's entry points (the algorithm
 #                registry reads them); skipped when this checkout's package is importable
 #   environment  nvidia-smi, Python, package versions, jax devices and memory limit
-#   W1, W2       bench_throughput.py --suite gpu: W1 at 1,000 and 10,000 clients, W2 at 100;
-#                loop, bare vmap, the engine's homogeneous and flash-deadline
-#                rounds, SCAFFOLD beside FedAvg (homogeneous round; at W2 also HeteroFL's
-#                mixed-width round, dense per level and as masks), the flash-deadline round
-#                also as one chunk (the engine's choice before it split a cohort whose work
-#                varies into ~8 sorted chunks on accelerators); 5 timed rounds at most,
-#                timing stops past 2 s after 3; rows written per cell as they are measured
+#   W1-1000, W1-10000, W2-100
+#                bench_throughput.py --suite gpu, one cell each (issue "Accelerator
+#                throughput II", items 3 and 4): the engine's homogeneous and flash-deadline
+#                rounds built as `fedjax-het run` builds them (its chunk plan, the plan's
+#                line in each row), SCAFFOLD's homogeneous round at W1, the bare vmap, and the
+#                per-client loop only where the cohort is at most 1,000 clients; each program
+#                compiled once (gate and timed rounds share it under "highest"); 5 timed
+#                rounds at most, timing stops past 2 s after 3
+#   [conv]       slot for the convolution formulation's W2 rows (the conv helper's), after W2
+#   precision    experiments/precision.py: the default experiment for 20 rounds under float32,
+#                matmul "high", matmul "default" (TF32) and bfloat16 compute, each gated
+#                against float32 (accuracy within 0.5 points) beside its speed-up (item 5)
+#   startup      experiments/bench_startup.py: the default experiment (200 rounds) in a fresh
+#                process with an empty compilation cache, then again with the warm one (item 6)
+#   sweep        experiments/sweep_vs_sequential.py: a 16-cell sweep against 16 runs (item 7)
 #   invariance   pytest tests/test_engine_invariance.py (skipped, and said, without pytest)
-#   experiment   the default experiment (python3 -m fedjax_het.front.cli run); SIGTERM at its
-#                limit makes it write the rounds done so far
-#   summary      the targets over every throughput row (bench_throughput.py --evaluate)
+#   summary      the targets over every throughput row (bench_throughput.py --evaluate), the
+#                precision gates, the start-up walls and the sweep's ratios
 #
 # Files written to OUT_DIR (at most 8, no folders; the device tool brings back 8): device_check.log
 # (everything printed), environment.txt, throughput.jsonl (one row per implementation and cell,
-# then the targets line), experiment-summary.json, experiment-metrics.jsonl, summary.md (stages
-# and targets). A stage cut by its limit leaves what it had written.
+# then the targets line), precision.json, startup.jsonl, sweep.jsonl, summary.md. A stage cut by
+# its limit leaves what it had written.
 #
-# --quick is a CPU dry run of the same stages at tiny sizes (about a minute here).
+# --quick is a CPU dry run of the same stages at tiny sizes.
 # Environment: PYTHON (default python3), MATMUL_PRECISION (timed programs: highest, the default,
 # or default = TF32 on NVIDIA GPUs, high; gates always run under highest), DEVICE_CHECK_INSTALL
-# (auto, the default; pip; layout; skip), DEVICE_CHECK_BUDGET_S (default 590;
-# give the device call a timeout_s of 600).
+# (auto, the default; pip; layout; skip), DEVICE_CHECK_BUDGET_S (default 540; give the device
+# call a timeout_s of 600).
 # Exit status: 0 when every stage ended or was cut by its limit, 1 when one failed, 2 on bad
 # arguments, 3 when a full check finds no accelerator.
 set -u -o pipefail
@@ -57,41 +65,52 @@ mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
 PY=${PYTHON:-python3}
 case $PY in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
-PRECISION=${MATMUL_PRECISION:-highest}
+PRECISION_TIMED=${MATMUL_PRECISION:-highest}
 INSTALL=${DEVICE_CHECK_INSTALL:-auto}
-TOTAL=${DEVICE_CHECK_BUDGET_S:-590}
+TOTAL=${DEVICE_CHECK_BUDGET_S:-540}
 RESERVE=15 # seconds kept for the summary stage
 
-# Stage caps in seconds: 20 + 20 + 230 + 200 + 55 + 45 + 15 = 585. On one H200 (2026-11-26)
-# install took 2 s, environment 7, W1 at 1,000 and 10,000 about 180, W2 at 100 and 1,000 about
-# 190, invariance 45, the experiment 37; with --sorted-chunks 2,4,8 (three more compilations a
-# cell, 138a189) W1 and W2 were cut at 230 and 200 s: --sorted-chunks 1 adds one.
-CAP_INSTALL=20 CAP_ENV=20 CAP_W1=230 CAP_W2=200 CAP_INVARIANCE=55 CAP_EXPERIMENT=45 CAP_SUMMARY=15
+# Stage caps in seconds: 20 + 20 + 70 + 80 + 70 + 80 + 60 + 60 + 40 = 500, the summary in the
+# reserve. On one H200 (2026-11-26) install took 2 s, environment 7, a W1 cell with 7 variants
+# about 90 s and its 10,000 clients were never reached within the old stage's 230 s; the
+# default experiment 37 s, the invariance tests 39 s.
+CAP_INSTALL=20 CAP_ENV=20 CAP_W1K=70 CAP_W10K=80 CAP_W2=70 CAP_PRECISION=80 CAP_STARTUP=60
+CAP_SWEEP=60 CAP_INVARIANCE=40 CAP_SUMMARY=15
+COMMON=(--reps 5 --warmup 1 --max-timing-s 2)
 if [ "$QUICK" = 1 ]; then
     # XLA's backend at optimisation level 0 compiles about twice as fast; the figures of a
     # dry run are not results (the rows record XLA_FLAGS).
     FAST=(env "XLA_FLAGS=${XLA_FLAGS:-} --xla_backend_optimization_level=0")
-    W1=(--quick --workloads W1 --cohorts 16 --reps 3 --max-timing-s 1 --sorted-chunks 4)
-    W2=(--quick --workloads W2 --cohorts 2 --systems none --algorithms fedavg --baselines loop
-        --reps 1 --warmup 0)
+    # A dry run is no device call: on a shared CPU its stages get four times the caps.
+    TOTAL=${DEVICE_CHECK_BUDGET_S:-2000}
+    for cap in CAP_INSTALL CAP_ENV CAP_W1K CAP_W10K CAP_W2 CAP_PRECISION CAP_STARTUP CAP_SWEEP \
+        CAP_INVARIANCE CAP_SUMMARY; do
+        eval "$cap=\$((4 * $cap))"
+    done
+    COMMON=(--quick --reps 3 --warmup 0 --max-timing-s 1)
+    W1K=(--workloads W1 --cohorts 16 --baselines loop,bare_vmap --algorithms fedavg,scaffold)
+    W10K=(--workloads W1 --cohorts 64 --baselines bare_vmap --algorithms fedavg,scaffold)
+    W2=(--workloads W2 --cohorts 4 --baselines loop,bare_vmap --algorithms fedavg)
+    PRECISION=(--quick --options float32,bfloat16)
+    STARTUP=(--reps 1 --variants cold,warm --rounds 30)
+    SWEEP=(--rounds 4 --eval-every 2 --reps 2)
     INVARIANCE=(-k test_vmapped_chunks_of_any_size_give_the_same_bits)
-    EXPERIMENT=(--set rounds=4 --set eval_every=2)
 else
     FAST=()
-    W1=(--workloads W1 --cohorts 1000,10000 --reps 5 --warmup 1 --max-timing-s 2 --sorted-chunks 1)
-    # W2/1,000 never reached timing within its cap (its SCAFFOLD "runs" target was checked
-    # by a call of its own); W2/100 times HeteroFL's mixed-width round instead, as dense
-    # programs per width level and as masks, beside full-width FedAvg.
-    W2=(--workloads W2 --cohorts 100 --reps 5 --warmup 1 --max-timing-s 2 --sorted-chunks 1
-        --algorithms fedavg,scaffold,heterofl,heterofl_masks)
+    W1K=(--workloads W1 --cohorts 1000 --baselines loop,bare_vmap --algorithms fedavg,scaffold)
+    W10K=(--workloads W1 --cohorts 10000 --baselines bare_vmap --algorithms fedavg,scaffold)
+    W2=(--workloads W2 --cohorts 100 --baselines loop,bare_vmap --algorithms fedavg)
+    PRECISION=(--rounds 20 --repeats 1)
+    STARTUP=(--reps 1 --variants cold,warm --rounds 200)
+    SWEEP=(--rounds 20 --reps 3)
     INVARIANCE=()
-    EXPERIMENT=()
 fi
 
 LOG=$OUT/device_check.log
 RESULTS=$OUT/throughput.jsonl
 SUMMARY=$OUT/summary.md
-rm -f "$LOG" "$RESULTS" "$SUMMARY" "$OUT/environment.txt" "$OUT"/experiment-*.json*
+rm -f "$LOG" "$RESULTS" "$SUMMARY" "$OUT/environment.txt" "$OUT/precision.json" \
+    "$OUT/startup.jsonl" "$OUT/sweep.jsonl"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/device_check.XXXXXX") || exit 1
 trap 'rm -rf "$WORK"' EXIT
 SITE=$WORK/site
@@ -193,7 +212,7 @@ install_package() { # runs under timeout through bash -c
 }
 
 say "device check$([ "$QUICK" = 1 ] && echo ' (--quick: CPU dry run at tiny sizes)') of $REPO -> $OUT"
-say "python: $PY; timed matmul precision: $PRECISION (gates: highest); budget ${TOTAL} s"
+say "python: $PY; timed matmul precision: $PRECISION_TIMED (gates: highest); budget ${TOTAL} s"
 
 # 1. install
 if [ "$INSTALL" = skip ] || { [ "$INSTALL" = auto ] && importable "$REPO"; }; then
@@ -212,7 +231,7 @@ environment() {
     echo "host: $(uname -srm)"
     echo "git: $(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)" \
         "($(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | wc -l) files changed)"
-    echo "budget: ${TOTAL} s; timed matmul precision: $PRECISION; gates: highest"
+    echo "budget: ${TOTAL} s; timed matmul precision: $PRECISION_TIMED; gates: highest"
     echo "--- nvidia-smi"
     if command -v nvidia-smi >/dev/null; then
         timeout 20 nvidia-smi
@@ -265,16 +284,29 @@ if [ "$QUICK" = 0 ] && [ "$BACKEND" != gpu ]; then
     exit 3
 fi
 
-# 3. throughput, one stage per workload (rows appended to the same file)
+# 3. throughput, one stage per cell, in the order of the targets (rows appended to one file)
 BENCH=(${FAST[@]+"${FAST[@]}"} "$PY" "$REPO/experiments/bench_throughput.py" --suite gpu --no-targets
-       --matmul-precision "$PRECISION" --out "$RESULTS")
-run_stage throughput-W1 "$CAP_W1" "${BENCH[@]}" "${W1[@]}"
-run_stage throughput-W2 "$CAP_W2" "${BENCH[@]}" "${W2[@]}"
+       --matmul-precision "$PRECISION_TIMED" --out "$RESULTS" "${COMMON[@]}")
+run_stage throughput-W1-1000 "$CAP_W1K" "${BENCH[@]}" "${W1K[@]}"
+run_stage throughput-W1-10000 "$CAP_W10K" "${BENCH[@]}" "${W10K[@]}"
+run_stage throughput-W2-100 "$CAP_W2" "${BENCH[@]}" "${W2[@]}"
+# CONV SLOT: the convolution formulation's W2 rows go here (a stage of their own, its cap
+# taken from the stages above), appended to "$RESULTS".
 
-# 4. chunk invariance
+# 4. precision options, each gated against float32 (item 5)
+run_stage precision "$CAP_PRECISION" "$PY" "$REPO/experiments/precision.py" "${PRECISION[@]}" \
+    --out "$OUT/precision.json"
+
+# 5. the default experiment from a fresh process, empty cache then warm (item 6)
+run_stage startup "$CAP_STARTUP" "$PY" "$REPO/experiments/bench_startup.py" "${STARTUP[@]}" \
+    --out "$OUT/startup.jsonl"
+
+# 6. a 16-cell sweep against 16 sequential runs (item 7)
+run_stage sweep "$CAP_SWEEP" "$PY" "$REPO/experiments/sweep_vs_sequential.py" "${SWEEP[@]}" \
+    --out "$OUT/sweep.jsonl"
+
+# 7. chunk invariance
 if (cd "$WORK" && "$PY" -c "import pytest" 2>/dev/null); then
-    (cd "$WORK" && "$PY" -c "import hypothesis" 2>/dev/null) ||
-        say "note: hypothesis is not installed (tests/test_engine_invariance.py does not need it)"
     run_stage invariance "$CAP_INVARIANCE" "$PY" -m pytest -q -p no:cacheprovider \
         --rootdir "$REPO" -c "$REPO/pyproject.toml" "$REPO/tests/test_engine_invariance.py" \
         ${INVARIANCE[@]+"${INVARIANCE[@]}"}
@@ -283,20 +315,13 @@ else
     printf 'invariance\tskipped (no pytest)\t0\t0\n' >>"$WORK/stages.tsv"
 fi
 
-# 5. the default experiment
-run_stage experiment "$CAP_EXPERIMENT" "$PY" -m fedjax_het.front.cli run --out "$WORK/run" \
-    --no-progress ${EXPERIMENT[@]+"${EXPERIMENT[@]}"}
-for name in summary.json metrics.jsonl; do
-    [ -f "$WORK/run/$name" ] && cp "$WORK/run/$name" "$OUT/experiment-$name"
-done
-
-# 6. summary
+# 8. summary
 summarise() {
     echo "# Device check$([ "$QUICK" = 1 ] && echo ' (--quick: a CPU dry run, not results)')"
     echo
     echo "$(cat "$WORK/device.txt" 2>/dev/null || echo 'device unknown'); git" \
         "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown);" \
-        "timed matmul precision $PRECISION, gates highest; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        "timed matmul precision $PRECISION_TIMED, gates highest; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
     echo "| stage | status | seconds | limit s |"
     echo "|---|---|---|---|"
@@ -316,21 +341,8 @@ summarise() {
     result=$(grep -E '(passed|failed|error|no tests ran)' "$WORK/invariance.out" 2>/dev/null | tail -1)
     echo "Invariance tests: ${result:-no pytest result line (see the stage status and the log)}"
     echo
-    if [ -f "$OUT/experiment-summary.json" ]; then
-        echo "Default experiment: $("$PY" - "$OUT/experiment-summary.json" <<'EOF'
-import json
-import sys
-
-s = json.load(open(sys.argv[1]))
-keys = ("status", "rounds", "final_test_accuracy", "best_test_accuracy", "client_accuracy_mean",
-        "wall_s", "backend", "matmul_precision")
-print(", ".join(f"{k} {s[k]:.4g}" if isinstance(s[k], float) else f"{k} {s[k]}"
-                for k in keys if k in s))
-EOF
-        )"
-    else
-        echo "Default experiment: no summary.json"
-    fi
+    (cd "$WORK" && timeout "$CAP_SUMMARY" "$PY" "$REPO/experiments/device_summary.py" "$OUT") ||
+        echo "Precision, start-up and sweep: could not be summarised (see device_check.log)."
 }
 say "== summary"
 summarise >"$SUMMARY"

@@ -19,7 +19,7 @@ import pytest
 from fedjax_het import models
 from fedjax_het.algorithms import fedavg, scaffold
 from fedjax_het.data import LocalWork
-from fedjax_het.engine import cohort, memory
+from fedjax_het.engine import cohort, flops, memory, memory_estimate, step_cost
 from fedjax_het.engine import round as round_module
 from fedjax_het.engine.client_store import tree_bytes
 from fedjax_het.engine.local import LocalSpec
@@ -68,9 +68,9 @@ def test_xla_slope_is_above_its_floor_and_the_analytic_estimate_within_2x(algori
 
 def test_the_estimate_is_cached_by_the_static_round():
     plan(SMALL, source="xla")
-    hits = memory._estimate.cache_info().hits
+    hits = memory_estimate.estimate.cache_info().hits
     again = plan(SMALL, source="xla", cohort=7, runs=3)
-    assert memory._estimate.cache_info().hits == hits + 1
+    assert memory_estimate.estimate.cache_info().hits == hits + 1
     assert again.per_client_bytes == plan(SMALL, source="xla").per_client_bytes
 
 
@@ -111,8 +111,8 @@ def test_on_cpu_a_dense_model_runs_a_vmap_and_a_convolutional_one_client_at_a_ti
     cnn = make_spec(models.femnist_cnn((28, 28, 1), 62), FEDAVG)
     dense = plan(SMALL, source="analytic", cohort=300, free_bytes=10**12)
     conv = plan(cnn, example=(28, 28, 1), source="analytic", cohort=300, free_bytes=10**12)
-    assert memory.convolutional(cnn.model, jax.ShapeDtypeStruct((5, 28, 28, 1), "float32"))
-    assert not memory.convolutional(SMALL.model, jax.ShapeDtypeStruct((5, 784), "float32"))
+    assert step_cost.convolutional(cnn.model, jax.ShapeDtypeStruct((5, 28, 28, 1), "float32"))
+    assert not step_cost.convolutional(SMALL.model, jax.ShapeDtypeStruct((5, 784), "float32"))
     if jax.default_backend() == "cpu":
         assert (dense.chunk, conv.chunk) == (cohort.CPU_CHUNK, 1)
     assert cohort.auto_chunk(10, backend="cpu") == 10  # under two chunks: one, not 8 + 2 padded
@@ -132,17 +132,49 @@ def test_on_accelerators_varying_work_runs_in_sorted_chunks_of_enough_flops():
     mlp = make_spec(models.mlp((784,), 62, hidden=(200, 200)), FEDAVG)
     split = memory.abstract_split(rows=64, example=(784,), num_clients=4)
     weights = 784 * 200 + 200 * 200 + 200 * 62
-    assert 2 * weights <= memory.step_flops(mlp, split) / (3 * mlp.work.batch_size) < 2.1 * weights
+    cost = step_cost.step_cost(mlp, split)
+    assert cost.source == "xla"  # XLA:CPU's lowered programs report their flops
+    assert 2 * weights <= cost.flops / (3 * mlp.work.batch_size) < 2.1 * weights
 
 
 def test_the_plan_splits_a_varying_cohort_only_on_an_accelerator(monkeypatch):
-    split = dict(source="analytic", cohort=100_000, work_varies=True)
-    flops = memory.step_flops(SMALL, memory.abstract_split(rows=ROWS, example=(784,), num_clients=N))
+    split = {"source": "analytic", "cohort": 100_000, "work_varies": True}
+    cost = step_cost.step_cost(SMALL, memory.abstract_split(rows=ROWS, example=(784,), num_clients=N))
     assert plan(SMALL, **split).chunk == cohort.auto_chunk(100_000, backend="cpu")
+    assert plan(SMALL, **split).step is None  # not asked on CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert plan(SMALL, source="analytic", cohort=100_000).chunk == 100_000
-    assert plan(SMALL, **split).chunk == cohort.auto_chunk(100_000, backend="gpu", step_flops=flops)
-    assert plan(SMALL, **split).chunk == 16384  # 100,000 / WORK_CHUNKS, as a power of two
+    chosen = plan(SMALL, **split)
+    assert chosen.chunk == cohort.auto_chunk(100_000, backend="gpu", step_flops=cost.flops)
+    assert chosen.chunk == 16384  # 100,000 / WORK_CHUNKS, as a power of two
+    assert "work varies" in chosen.describe() and "XLA's cost analysis" in chosen.describe()
+
+
+@pytest.mark.parametrize("nothing", [None, {}, [], [{}], {"flops": 0.0}])
+def test_without_xla_costs_the_step_is_counted_from_shapes_never_free(monkeypatch, nothing):
+    # A backend whose lowered programs report no flops (as one H200 did): the plan must
+    # still split a varying cohort into work-sorted chunks, from the model's shapes.
+    monkeypatch.setattr(step_cost, "planning_backend", lambda: "gpu")
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: nothing)
+    mlp = make_spec(models.mlp((784,), 62, hidden=(200, 200)), FEDAVG, batch_size=16)
+    split = memory.abstract_split(rows=64, example=(784,), num_clients=4)
+    cost = step_cost.step_cost(mlp, split)
+    # the MLP's products, from its layer sizes: 2 FLOPs a multiply-add, x 3 for the backward
+    weights = 784 * 200 + 200 * 200 + 200 * 62
+    assert cost == step_cost.StepCost(3.0 * 2 * weights * 16, "shapes")
+    chosen = plan(mlp, source="analytic", cohort=1000, work_varies=True)
+    # 1,000 clients of W1 (2.0e7 FLOPs a step): 4 chunks of 256, sorted by work
+    assert chosen.chunk == 256
+    assert "counted from the model's shapes: XLA's cost analysis gave no flops" in chosen.describe()
+    assert plan(mlp, source="analytic", cohort=1000).chunk == 1000  # equal work: one chunk
+
+
+def test_the_shape_count_of_a_cnn_matches_xla_on_its_products():
+    # The FEMNIST CNN's convolutions and dense layers from their shapes, derived by hand:
+    # conv 5x5x1x32 at 28x28 and 5x5x32x64 at 14x14 ("same" padding), dense 3136x2048, 2048x62.
+    cnn = models.femnist_cnn((28, 28, 1), 62)
+    products = 28 * 28 * 25 * 32 + 14 * 14 * 25 * 32 * 64 + 3136 * 2048 + 2048 * 62
+    assert flops.forward_flops(cnn, jax.ShapeDtypeStruct((1, 28, 28, 1), "float32")) == 2 * products
 
 
 def test_an_explicit_chunk_wins_and_is_still_checked():

@@ -30,7 +30,7 @@ import test_scaffold_feddyn as reference
 
 from fedjax_het import rng
 from fedjax_het.algorithms import fedavg, scaffold
-from fedjax_het.engine.hooks import ServerMetrics
+from fedjax_het.engine.hooks import RunReport, ServerMetrics
 from fedjax_het.engine.round import server_stream
 from fedjax_het.front.config import ConfigError, build, load
 from fedjax_het.transforms import privacy
@@ -154,7 +154,7 @@ def test_epsilon_grows_with_rounds_and_falls_with_noise_and_sampling():
 def test_a_run_reports_its_privacy_and_stops_at_its_budget():
     experiment = build(load(None, ["privacy.noise_multiplier=1.0", "privacy.target_epsilon=4.0"]))
     assert experiment.config["rounds"] == privacy.rounds_within(4.0, 1.0, 10, 100, 1e-5, most=200)
-    report = experiment.algorithm.report({"dp_noise": 1.0, "dp_clip": 1.0}, 100, 15)
+    report = experiment.algorithm.hook(RunReport).report({"dp_noise": 1.0, "dp_clip": 1.0}, 100, 15)
     assert report["privacy"]["epsilon"] == epsilon(1.0, 15, 10, 100, 1e-5)
 
 

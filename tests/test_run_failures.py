@@ -193,13 +193,13 @@ def test_ctrl_c_while_the_round_is_built_is_one_line_and_writes_nothing(
 ):
     """Ctrl-C while the round is built (or planned): the run stops at once, before its results
     directory is opened; running again into the same --out needs no --overwrite."""
-    setup = simulate._setup
+    setup = simulate.round_setup
 
     def interrupted_setup(*args):
         os.kill(os.getpid(), signal.SIGINT)
         return setup(*args)
 
-    monkeypatch.setattr(simulate, "_setup", interrupted_setup)
+    monkeypatch.setattr(simulate, "round_setup", interrupted_setup)
     argv = ["run", *sets(*DEADLINE, "rounds=2"), "--out", str(tmp_path / "out"), "--no-progress"]
     assert cli.main(argv) == 130
     err = one_line(capsys.readouterr().err)

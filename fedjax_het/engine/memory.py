@@ -1,4 +1,4 @@
-"""Memory-aware chunking: the largest chunk of clients that fits the device (docs/design.md §3).
+"""Memory-aware chunking: the largest chunk of clients that fits the device (docs/design.md §8).
 
 A round's device memory is, per run, what its chunk program holds plus the
 cohort's arrays, and once, the data store:
@@ -6,30 +6,28 @@ cohort's arrays, and once, the data store:
     need(chunk) = resident + data + runs x (fixed + cohort x slot + chunk x per_client)
 
 * ``per_client`` and ``fixed``: the slope and intercept of the memory of one
-  chunk, ``vmap(local_update)`` over ``c`` clients. Source "xla" compiles
-  (never runs) that program at ``c`` = 2 and 4 on abstract inputs and reads
-  ``memory_analysis()`` (arguments + outputs + temporaries - aliased). Sizes 2
-  and 4, not 1 and 2: ``run_cohort`` runs chunk 1 without ``vmap``, and the
-  FEMNIST CNN's size-1 program lies off the line (37.8 MB from 1 to 2 clients,
-  50.4 MB per client from 2 on). Source "analytic" adds up shapes from
-  ``jax.eval_shape``: one client's inputs and outputs, the batch it gathers
-  (one step's: the step loop gathers as it goes; an algorithm whose
-  ``client_start`` reads every batch, IFCA's or q-FFL's, holds ``max_steps``
-  of them, which only "xla" sees), two params-sized buffers (trained params and
-  gradients), the optimizer state and the residuals the backward pass of one
-  batch keeps; ``tests/test_memory.py`` holds it at 1-2x XLA's figure.
+  chunk, ``vmap(local_update)`` over ``c`` clients (``memory_estimate``: source
+  "xla", the compiled programs at ``c`` = 2 and 4, or "analytic", sums of
+  shapes; "xla" on a backend without the analysis falls back to twice the
+  analytic sums, and the plan's line says so).
 * ``slot``: per cohort slot, its task, its state gathered and written back,
   and its stats (exact, from ``eval_shape``).
 * ``data``: the training split, shared by a sweep's cells (not multiplied by
   ``runs``); ``fixed`` is the rest of the intercept plus the server state.
 
-The chunk is the backend's preference (``cohort.auto_chunk``: on CPU 1 for a
-convolutional model and a small ``vmap`` otherwise; on accelerators the whole
-cohort), lowered to what fits in ``safety`` of the free memory, as a power of
-two (``cohort.effective_chunk``: chunks are whole subtrees of the cohort's
-reduction tree) unless the whole cohort fits in one. An explicit chunk wins but
-is checked too; a round that cannot fit even one client per chunk is refused
-with one line, before the round's program is built or compiled.
+The chunk is the backend's preference (``step_cost.preferred_chunk``, the rules
+of ``cohort.auto_chunk``: on CPU 1 for a convolutional model and a small
+``vmap`` otherwise; on accelerators the whole cohort, or about ``WORK_CHUNKS``
+work-sorted chunks when the clients' work varies), lowered to what fits in
+``safety`` of the free memory, as a power of two (``cohort.effective_chunk``:
+chunks are whole subtrees of the cohort's reduction tree) unless the whole
+cohort fits in one. With source "xla" the straight line is only the first
+guess: the chosen chunk's own program is compiled and its measured bytes
+(``Compiled.memory_analysis()``) replace the line's; while they do not fit, the
+chunk is halved and compiled again (at W2/1,000 on an H200 the line chose
+chunk 1,000 and XLA then asked for 73.55 GiB). An explicit chunk wins but is
+checked too; a round that cannot fit even one client per chunk is refused with
+one line, before the round's program is built or compiled.
 
 >>> from fedjax_het import models
 >>> from fedjax_het.algorithms import fedavg
@@ -47,11 +45,11 @@ with one line, before the round's program is built or compiled.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
+from fedjax_het.engine import memory_estimate, step_cost
 from fedjax_het.engine.client_store import (
     StatePlan,
     available_memory,
@@ -59,9 +57,8 @@ from fedjax_het.engine.client_store import (
     plan_client_state,
     tree_bytes,
 )
-from fedjax_het.engine.cohort import auto_chunk, effective_chunk
-from fedjax_het.engine.local import ClientTask, DeviceSplit, LocalSpec, local_update
-from fedjax_het.models import Model
+from fedjax_het.engine.cohort import effective_chunk
+from fedjax_het.engine.local import DeviceSplit, LocalSpec
 from fedjax_het.schema import ConfigError
 from fedjax_het.typing import Hyper
 
@@ -84,7 +81,12 @@ class ChunkPlan:
       runs: runs held at once (a sweep's cells).
       free_bytes: the device's free memory.
       safety: share of ``free_bytes`` the plan may use.
-      source: "xla" (compiled memory analysis) or "analytic" (``eval_shape`` sums).
+      source: "xla" (compiled memory analysis), "analytic" (``eval_shape`` sums) or
+        ``memory_estimate.NO_ANALYSIS``.
+      measured_bytes: source "xla": the compiled program of ``chunk`` clients, per run,
+        the data store excluded (it takes the place of ``fixed + chunk x per_client``).
+      halved: the larger chunks whose compiled programs did not fit, with their need.
+      step: the step cost the backend's preference was given (work varies on an accelerator).
     """
 
     chunk: int
@@ -97,29 +99,41 @@ class ChunkPlan:
     free_bytes: int
     safety: float
     source: str
+    measured_bytes: int | None = None
+    halved: tuple[tuple[int, int], ...] = ()
+    step: step_cost.StepCost | None = None
 
     def need(self, chunk: int) -> int:
-        """Bytes the round needs with ``chunk`` clients per chunk."""
-        per_run = self.fixed_bytes + self.cohort * self.slot_bytes + chunk * self.per_client_bytes
-        return self.data_bytes + self.runs * per_run
+        """Bytes the round needs with ``chunk`` clients per chunk, on the straight line."""
+        return self._total(self.fixed_bytes + chunk * self.per_client_bytes)
+
+    @property
+    def needed(self) -> int:
+        """Bytes the round needs with its chunk: the compiled program's where it was measured."""
+        if self.measured_bytes is None:
+            return self.need(self.chunk)
+        return self._total(self.measured_bytes)
+
+    def _total(self, chunk_program: int) -> int:
+        return self.data_bytes + self.runs * (chunk_program + self.cohort * self.slot_bytes)
 
     def describe(self) -> str:
-        """One line: the chunk, the estimate it came from and the memory it uses."""
+        """One line: the chunk, the estimate it came from, the memory it uses, the compiled
+        program's measure and the step cost it was chosen with."""
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
-        return (
+        line = (
             f"chunk {self.chunk} of {self.cohort} ({self.source}: "
             f"{format_bytes(self.per_client_bytes)} per client, {format_bytes(self.fixed_bytes)} fixed, "
             f"{format_bytes(self.slot_bytes)} per slot{runs}, {format_bytes(self.data_bytes)} data) needs "
-            f"{format_bytes(self.need(self.chunk))} of {format_bytes(self.free_bytes)} free"
+            f"{format_bytes(self.needed)} of {format_bytes(self.free_bytes)} free"
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Estimate:
-    per_client: int
-    fixed: int
-    slot: int
-    source: str
+        if self.measured_bytes is not None:
+            line += f"; compiled chunk program {format_bytes(self.measured_bytes)}"
+            over = ", ".join(f"chunk {c} needs {format_bytes(b)}" for c, b in self.halved)
+            line += f" (halved: {over})" if over else ""
+        if self.step is not None:
+            line += f"; work varies: {self.step.describe()}"
+        return line
 
 
 def plan_chunk(
@@ -149,7 +163,7 @@ def plan_chunk(
       cohort: slots each device runs per round (``ceil(slots / devices)``).
       runs: runs held at once (a sweep's cells); each holds its own chunk.
       chunk: the user's chunk: kept (capped at ``cohort``) if it fits, else refused.
-      cap: most clients per chunk when choosing; None: ``preferred_chunk``.
+      cap: most clients per chunk when choosing; None: ``step_cost.preferred_chunk``.
       resident: other bytes held on the device throughout (the test split,
         device client states from ``client_store.plan_client_state``).
       free_bytes: the device's free memory; None: ``client_store.available_memory()``.
@@ -158,24 +172,18 @@ def plan_chunk(
         the analytic sum on CPU (chunk 1 by preference, and compiling a CNN
         probe on XLA:CPU takes seconds).
       in_place: client states read and written in their table (``cohort.StateTable``).
-      work_varies: the clients' steps may differ (``preferred_chunk``).
+      work_varies: the clients' steps may differ (``step_cost.preferred_chunk``).
 
     Raises:
       ValueError: (one line) bad arguments, or a round that does not fit with
         one client per chunk (or with the explicit ``chunk``).
     """
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
-    at_least_one = (cohort, runs, *(n for n in (chunk, cap) if n is not None))
-    if min(at_least_one) < 1 or not 0 < safety <= 1:
-        raise ValueError(
-            f"cohort, runs, chunk and cap must be >= 1 and safety in (0, 1], got cohort {cohort}, "
-            f"runs {runs}, chunk {chunk}, cap {cap}, safety {safety}"
-        )
+    _check(source, cohort, runs, chunk, cap, safety)
     if source == "auto":
-        source = "analytic" if jax.default_backend() == "cpu" else "xla"
+        source = "analytic" if step_cost.planning_backend() == "cpu" else "xla"
     leaves, treedef = jax.tree.flatten(_abstract((hyper, train)))
-    estimate = _estimate(spec, num_clients, source, in_place, treedef, tuple(leaves))
+    leaves = tuple(leaves)
+    estimate = memory_estimate.estimate(spec, num_clients, source, in_place, treedef, leaves)
     free = available_memory().device_free if free_bytes is None else free_bytes
     plan = ChunkPlan(
         chunk=1,
@@ -190,18 +198,69 @@ def plan_chunk(
         source=estimate.source,
     )
     budget = safety * free
+    explicit, cost = chunk is not None, None
     if chunk is None:
-        fits = int((budget - plan.need(0)) // max(runs * plan.per_client_bytes, 1))
-        preferred = preferred_chunk(spec, train, cohort, work_varies) if cap is None else cap
-        chunk = max(1, min(preferred, cohort, fits))
-    plan = dataclasses.replace(plan, chunk=effective_chunk(chunk, cohort))
-    if plan.need(plan.chunk) > budget:
+        chunk, cost = _first_guess(plan, budget, spec, train, cap, work_varies)
+    plan = dataclasses.replace(plan, chunk=effective_chunk(chunk, cohort), step=cost)
+    if plan.source == "xla":
+        args = (spec, hyper, train, num_clients, treedef, leaves)
+        plan = _fit_compiled(plan, _compiled_measure(*args), budget, halve=not explicit)
+    if plan.needed > budget:
         raise ValueError(
             f"the round does not fit the device: {plan.describe()}, over the {safety:.0%} "
             f"({format_bytes(budget)}) it may use; use a smaller cohort or chunk, more devices, fewer "
             f"sweep cells, less data or a smaller model, or client_state='host'"
         )
     return plan
+
+
+def _check(source: str, cohort: int, runs: int, chunk, cap, safety: float) -> None:
+    """Refuses bad arguments of ``plan_chunk`` (ValueError, one line)."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    at_least_one = (cohort, runs, *(n for n in (chunk, cap) if n is not None))
+    if min(at_least_one) < 1 or not 0 < safety <= 1:
+        raise ValueError(
+            f"cohort, runs, chunk and cap must be >= 1 and safety in (0, 1], got cohort {cohort}, "
+            f"runs {runs}, chunk {chunk}, cap {cap}, safety {safety}"
+        )
+
+
+def _first_guess(
+    plan: ChunkPlan, budget: float, spec: LocalSpec, train: DeviceSplit, cap, work_varies: bool
+) -> tuple[int, step_cost.StepCost | None]:
+    """The backend's preference (or ``cap``), lowered to what the straight line fits, and the
+    step cost the preference was given."""
+    fits = int((budget - plan.need(0)) // max(plan.runs * plan.per_client_bytes, 1))
+    cost = None
+    if cap is None:
+        cap, cost = step_cost.preferred_chunk(spec, train, plan.cohort, work_varies)
+    return max(1, min(cap, plan.cohort, fits)), cost
+
+
+def _compiled_measure(spec, hyper, train, num_clients, treedef, leaves):
+    """``chunk -> bytes`` of the compiled chunk program per run: the program (the training
+    split among its arguments is counted once, in ``data_bytes``) and the server state."""
+    extra = memory_estimate.server_bytes(spec, hyper, num_clients) - tree_bytes(train)
+    return lambda c: (
+        extra + memory_estimate.chunk_program_bytes(spec, num_clients, treedef, leaves, c)
+    )
+
+
+def _fit_compiled(plan: ChunkPlan, measure, budget: float, *, halve: bool) -> ChunkPlan:
+    """``plan`` with its chunk program's compiled bytes (``measure(chunk)``, per run, data
+    excluded); with ``halve``, the chunk halved (to a power of two) and compiled again while
+    the measured need is over ``budget``. Each size compiles once (``chunk_program_bytes``
+    is cached), on abstract inputs, never run."""
+    halved = []
+    while True:
+        measured = dataclasses.replace(
+            plan, measured_bytes=measure(plan.chunk), halved=tuple(halved)
+        )
+        if measured.needed <= budget or plan.chunk == 1 or not halve:
+            return measured
+        halved.append((plan.chunk, measured.needed))
+        plan = dataclasses.replace(plan, chunk=1 << ((plan.chunk - 1).bit_length() - 1))
 
 
 def plan_memory(
@@ -260,51 +319,6 @@ def plan_memory(
     raise ConfigError("; ".join(errors))
 
 
-def preferred_chunk(
-    spec: LocalSpec, train: DeviceSplit, cohort: int, work_varies: bool = False
-) -> int:
-    """The backend's chunk for this model before memory is counted (``cohort.auto_chunk``),
-    told whether the model convolves (XLA:CPU runs batched convolutions slowly) and, when
-    the clients' work varies on an accelerator, the FLOPs of one client's step."""
-    flops = step_flops(spec, train) if work_varies and jax.default_backend() != "cpu" else None
-    return auto_chunk(cohort, convolutional=convolutional(spec.model, train.x), step_flops=flops)
-
-
-def step_flops(spec: LocalSpec, train: DeviceSplit) -> float:
-    """One client's local step in floating-point operations: XLA's count of the forward
-    pass on one example (the lowered program, never compiled), x 3 for the backward pass,
-    x the batch size."""
-    example = jax.ShapeDtypeStruct((1, *train.x.shape[1:]), train.x.dtype)
-    params = jax.eval_shape(spec.model.init, jax.random.key(0))
-    forward = jax.jit(lambda p, x: spec.model.apply(p, x, train=True, key=jax.random.key(0)))
-    cost = forward.lower(params, example).cost_analysis() or {}
-    cost = cost[0] if isinstance(cost, list) else cost  # a list of one in older JAX
-    return 3.0 * max(float(cost.get("flops", 0.0)), 1.0) * spec.work.batch_size
-
-
-def convolutional(model: Model, x: jax.Array) -> bool:
-    """Whether ``model``'s forward pass on a batch like ``x`` holds a convolution."""
-    example = jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype)
-    params = jax.eval_shape(model.init, jax.random.key(0))
-    closed = jax.make_jaxpr(lambda p, x: model.apply(p, x, train=True, key=jax.random.key(0)))(
-        params, example
-    )
-    return "conv_general_dilated" in _primitives(closed.jaxpr)
-
-
-def _primitives(jaxpr) -> set[str]:
-    """The names of every primitive in ``jaxpr`` and the jaxprs nested in its equations."""
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    names |= _primitives(inner)
-    return names
-
-
 def abstract_split(
     *, rows: int, example: tuple[int, ...], num_clients: int, dtype=jnp.float32
 ) -> DeviceSplit:
@@ -317,81 +331,3 @@ def abstract_split(
 
 def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)
-
-
-@functools.lru_cache(maxsize=32)
-def _estimate(
-    spec: LocalSpec, num_clients: int, source: str, in_place: bool, treedef, leaves
-) -> _Estimate:
-    """The memory terms of one round, cached by its static description and input shapes."""
-    hyper, train = jax.tree.unflatten(treedef, leaves)
-    algorithm = spec.algorithm
-    params = jax.eval_shape(spec.model.init, jax.random.key(0))
-    server = jax.eval_shape(lambda p, h: algorithm.server_init(p, h, num_clients), params, hyper)
-    broadcast = jax.eval_shape(algorithm.broadcast, server)
-    state = jax.eval_shape(algorithm.client_init, params)
-    client_fn = functools.partial(local_update, spec)
-    outputs = jax.eval_shape(client_fn, hyper, broadcast, state, _tasks(), train)
-    # A slot's task and stats; its state read and written beside the table too, unless
-    # the table is read and written in place (then the rows are the chunk's, below).
-    slot = tree_bytes((_tasks(), outputs[2] if in_place else (state, outputs[1:])))
-    if source == "xla":
-        at = {c: _compiled_bytes(spec, hyper, broadcast, train, state, c) for c in (2, 4)}
-        if None not in at.values():
-            per_client = (at[4] - at[2]) // 2
-            fixed = at[2] - 2 * per_client - tree_bytes(train) + tree_bytes(server)
-            return _Estimate(per_client, max(fixed, 0), slot, "xla")
-    x, y = (
-        jax.ShapeDtypeStruct((spec.work.batch_size, *a.shape[1:]), a.dtype)
-        for a in (train.x, train.y)
-    )
-    batches = tree_bytes((x, y))  # one step's batch, gathered inside the step loop
-    optimizer_state = jax.eval_shape(
-        lambda h, p: algorithm.local.optimizer(h).init(p), hyper, params
-    )
-    per_client = (
-        tree_bytes((state, _tasks(), outputs))
-        + batches
-        + 2 * tree_bytes(params)
-        + tree_bytes(optimizer_state)
-        + tree_bytes(_residuals(spec, params, x, y))
-    )
-    return _Estimate(per_client, tree_bytes((hyper, broadcast, server)), slot, "analytic")
-
-
-def _tasks(*shape: int) -> ClientTask:
-    """The shapes of tasks ``[*shape]`` as ``Round.cohort`` builds them (no shape: one client)."""
-    s = lambda d: jax.ShapeDtypeStruct(shape, d)
-    return ClientTask(s(jnp.int32), s(jnp.float32), s(jnp.int32), s(jax.random.key(0).dtype))
-
-
-def _compiled_bytes(spec, hyper, broadcast, train, state, c: int) -> int | None:
-    """XLA's memory for ``vmap(local_update)`` over ``c`` clients; None without an analysis."""
-
-    def chunk_program(hyper, broadcast, train, states, tasks):
-        return jax.vmap(functools.partial(local_update, spec, hyper, broadcast, data=train))(
-            states, tasks
-        )
-
-    states = jax.tree.map(lambda s: jax.ShapeDtypeStruct((c, *s.shape), s.dtype), state)
-    compiled = jax.jit(chunk_program).lower(hyper, broadcast, train, states, _tasks(c)).compile()
-    analysis = compiled.memory_analysis()
-    if analysis is None:
-        return None
-    return (
-        analysis.argument_size_in_bytes
-        + analysis.output_size_in_bytes
-        + analysis.temp_size_in_bytes
-        - analysis.alias_size_in_bytes
-    )
-
-
-def _residuals(spec: LocalSpec, params, x, y):
-    """The arrays the backward pass of the model's loss on one batch keeps (their shapes)."""
-    model = spec.model
-
-    def loss(p, x, y):
-        outputs = model.apply(p, x, train=True, key=jax.random.key(0))
-        return model.loss(outputs, y, jnp.ones(y.shape[:1], bool))
-
-    return jax.eval_shape(lambda p, x, y: jax.vjp(lambda q: loss(q, x, y), p)[1], params, x, y)

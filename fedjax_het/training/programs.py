@@ -16,7 +16,7 @@ import numpy as np
 
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.engine import client_store, memory
+from fedjax_het.engine import client_store, memory, step_cost
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.cohort import client_mesh
 from fedjax_het.engine.hooks import Personalized
@@ -319,6 +319,6 @@ def _ragged(spec, data: FederatedData) -> bool:
     """Whether the clients' full tasks take different numbers of steps (accelerators then
     run the cohort in several chunks sorted by work: ``cohort.auto_chunk``); not asked on
     CPU, whose chunk does not depend on it."""
-    if jax.default_backend() == "cpu":
+    if step_cost.planning_backend() == "cpu":
         return False
     return len(np.unique(steps_needed(spec, data.train.count))) > 1

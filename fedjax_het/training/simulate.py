@@ -57,6 +57,7 @@ __all__ = [
     "plan_events",
     "plan_run",
     "restore_state",
+    "round_setup",
     "run",
     "run_options",
     "RunOptions",
@@ -115,7 +116,7 @@ def _run(
     algorithm = training.algorithm
     timing.check(algorithm)
     try:
-        setup = _setup(data, training, engine, timing)
+        setup = round_setup(data, training, engine, timing)
         key, start = rng.seed_key(training.seed), time.perf_counter()
         online_ = timing.in_loop(algorithm)
         if online_:
@@ -154,9 +155,12 @@ def _run(
         return _finish(recorder, end, setup, plans, output.targets)
 
 
-def _setup(data: FederatedData, training: Training, engine: Engine, timing: Timing) -> Setup:
-    """``Setup.build`` for the options: the round sized for the clients it writes at most
-    and the model versions it keeps."""
+def round_setup(
+    data: FederatedData, training: Training, engine: Engine, timing: Timing
+) -> Setup:
+    """``Setup.build`` for ``run``'s options: the round sized for the clients it writes at
+    most and the model versions it keeps, with its chunk plan (what ``run`` records in
+    ``summary.json``; the benchmark harness builds its engine rows with it)."""
     sampler = training.sampler
     return Setup.build(
         data,
