@@ -284,7 +284,8 @@ def never_ready(profiles: ClientProfiles, policy: RoundPolicy, rows: Schedule) -
     if not empty.any():
         return None
     first = int(np.argmax(empty))
-    at = jnp.asarray(np.asarray(rows.start)[first], profiles.step_time.dtype) + policy.overhead
+    at = jnp.asarray(np.asarray(rows.start)[first], profiles.step_time.dtype)
+    at = at + policy.overhead.astype(at.dtype)
     later = jax.vmap(avail.next_ready, in_axes=(None, 0, None))(
         avail.queryable(profiles.availability), profiles.trace, at
     )
