@@ -181,13 +181,25 @@ class RunWriter:
         }
         self.write("arrays.npz", lambda path: np.savez_compressed(path, **arrays))
         self.write("curves.png", lambda path: plot_curves(history.metrics, path))
-        if self.missing:
-            history.summary["not_written"] = dict(self.missing)
+        mark_not_written(history.summary, self.missing)
         summary = strict_json(history.summary, indent=2) + "\n"
         self.write("summary.json", lambda path: path.write_text(summary))
         if self.missing:
             missing = [f"{name} ({why})" for name, why in self.missing.items()]
             raise NotWritten(self.out_dir, missing, history)
+
+
+NOT_WRITTEN = "completed_not_written"  # the status of a run that finished but lost files
+
+
+def mark_not_written(summary: dict[str, Any], missing: Mapping[str, str]) -> None:
+    """Adds ``not_written`` (file -> why) to ``summary`` when files are ``missing``, and turns
+    its status "completed" into ``NOT_WRITTEN``: a tool reading only the status must not
+    take a run with missing files for a complete one."""
+    if missing:
+        summary["not_written"] = dict(missing)
+        if summary.get("status") == "completed":
+            summary["status"] = NOT_WRITTEN
 
 
 def plot_curves(metrics: list[Mapping[str, Any]], path: Path) -> None:
@@ -283,7 +295,8 @@ class RunRecord:
 
     @property
     def status(self) -> str:
-        """``summary.json``'s status ("completed", "interrupted", ...), or "unfinished"."""
+        """``summary.json``'s status ("completed", "interrupted", "diverged",
+        ``NOT_WRITTEN``), or "unfinished"."""
         return "unfinished" if self.summary is None else str(self.summary.get("status", "?"))
 
     def series(self, key: str) -> np.ndarray:

@@ -138,6 +138,17 @@ def test_masked_mean_averages_each_coordinate_over_its_trainers():
     np.testing.assert_allclose(plain.finalize(sums)["b"], (1 + 6 + 200) / 6)
 
 
+def test_weighted_mean_divides_exactly():
+    """Every entry of the mean is the correctly rounded quotient (numpy's IEEE division), not
+    a multiply by the rounded reciprocal (XLA's rewrite of a division by a broadcast scalar,
+    1 ulp off in about a third of the entries)."""
+    rule = weighted_mean()
+    sums = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
+    for total in (np.float32(3.7), np.float32(37.0), np.float32(1e-3)):
+        got = jax.jit(rule.finalize)(({"w": sums}, total))["w"]
+        np.testing.assert_array_equal(got, sums / total)
+
+
 def test_a_frozen_layer_is_bit_identical_after_a_round():
     """Every client freezes the bias: the global bias does not move, the kernel does."""
     algorithm = fedavg(aggregator=masked_mean())

@@ -205,7 +205,9 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch)
         run(exp, tmp_path / "run", rounds=4)
     assert checkpoint.load(tmp_path / "run").done == 2
     assert not (tmp_path / "run" / (checkpoint.FILE + ".tmp")).exists()
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed_not_written"  # not "completed": a file is missing
+    assert "checkpoint.npz" in summary["not_written"]
 
 
 def test_an_existing_run_directory_is_not_overwritten_unless_asked(tmp_path):

@@ -208,6 +208,38 @@ def test_against_the_release_loop_on_a_random_case():
     np.testing.assert_allclose(fb.inter_mc_t(p, key=key, mc=MC), seconds / ideal, rtol=1e-5)
 
 
+def test_float64_metrics_match_the_release_loop_to_1e_12():
+    """Under x64, float64 profiles and traces give the release loop's numbers to 1e-12: the
+    policy's numbers (``drop_share``, deadline, overhead) are float64 too (float32(0.2) would
+    move the round-end quantile by ~1e-8), and the T run's selection count stays int32."""
+    rng = np.random.default_rng(0)
+    traces = rng.choice([-1, 5, 6, 7], N)
+    round_trip = rng.uniform(20.0, 140.0, N)
+    mc = fb.MonteCarlo(cohort_size=N, rounds=40, trips=80, deadline=90.1, drop_share=0.3,
+                       overhead=20.3)  # fmt: skip
+    with jax.enable_x64(True):
+        store = Availability.from_intervals(
+            [np.asarray(x, np.float64).reshape(-1, 2) for x in TRACES],
+            [100.0] + [PERIOD] * 7 + _FLASH_PERIODS,
+            dtype=np.float64,
+        )
+        p = make_profiles(round_trip, traces, store)
+        p = jax.tree.map(lambda a: a.astype(jnp.float64) if a.dtype == jnp.float32 else a, p)
+        speed = jnp.asarray(2 * PAYLOAD / round_trip)  # float64, not make_profiles' float32
+        p = p.replace(down_mean=speed, up_mean=speed)
+        key = jax.random.key(3)
+        s = fb.deadline_run(p, key=key, mc=mc)
+        successes, clocks = np_monte_carlo(traces, round_trip, mc, "deadline")
+        np.testing.assert_array_equal(fb.participation_counts(s, N), successes)
+        assert s.clock.dtype == jnp.float64
+        np.testing.assert_allclose(s.clock, clocks, rtol=1e-12)
+        seconds = np_monte_carlo(traces, round_trip, mc, "readiness")
+        ideal = mc.trips * mc.overhead / mc.cohort_size
+        t = fb.inter_mc_t(p, key=key, mc=mc)
+        assert t.dtype == jnp.float64
+        np.testing.assert_allclose(t, seconds / ideal, rtol=1e-12)
+
+
 # ------------------------------------------------------------------------------------ directions
 
 

@@ -32,6 +32,7 @@ to the algorithm with ``hooks.attach`` and looked up by the round with ``algorit
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -109,17 +110,31 @@ def weighted_or_zero(weight: jax.Array, value: jax.Array) -> jax.Array:
     return jnp.where(weight > 0, weight.astype(value.dtype) * value, 0)
 
 
+def exact_divide(x: jax.Array, scalar: jax.Array) -> jax.Array:
+    """``x / scalar`` correctly rounded in every entry. XLA rewrites a division by a
+    broadcast scalar into a multiply by its reciprocal (1 ulp off in about a third of
+    the entries); the barrier on the broadcast keeps the division."""
+    return x / jax.lax.optimization_barrier(jnp.broadcast_to(scalar.astype(x.dtype), x.shape))
+
+
+def _float_dtype(tree: PyTree) -> jnp.dtype:
+    """The widest float of ``tree``'s leaves, float32 at least: the run's float width (a
+    float64 run's weights are summed in float64)."""
+    floats = [x.dtype for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return functools.reduce(jnp.promote_types, floats, jnp.dtype(jnp.float32))
+
+
 def weighted_mean() -> Aggregator:
     """``Σ_k w_k u_k / Σ_k w_k`` over clients with ``w_k > 0``; zero when nobody counts."""
 
     def contribute(update: Update, weight: jax.Array, stats: ClientStats) -> PyTree:
         del stats
         weighted = jax.tree.map(lambda u: weighted_or_zero(weight, u), update)
-        return weighted, weighted_or_zero(weight, jnp.float32(1))
+        return weighted, weighted_or_zero(weight, jnp.ones((), _float_dtype(update)))
 
     def finalize(sums: PyTree) -> Update:
         weighted, total = sums
-        return jax.tree.map(lambda s: s / jnp.maximum(total, 1e-30).astype(s.dtype), weighted)
+        return jax.tree.map(lambda s: exact_divide(s, jnp.maximum(total, 1e-30)), weighted)
 
     return Aggregator(contribute, finalize)
 

@@ -310,6 +310,8 @@ def _run_blocks(
             if go.save is not None and (due or done == rounds):
                 go.save(done, _arrays(state, rows), evaluations)
                 saved_at = done
+        if stopped is None and done == rounds:  # a signal during the last block: acted on too
+            stopped = pending.agreed()
         if go.save is not None and stopped is not None and saved_at != done:
             go.save(done, _arrays(state, rows), evaluations)
     plans, metrics = _concat(rows) if rows else (None, {})

@@ -97,8 +97,8 @@ def run_in_dir(
 def _write_summary(writer: results.RunWriter, summary: dict[str, Any]) -> None:
     """``summary.json`` (with ``not_written`` when files are missing); raises ``NotWritten``
     if any file of the run could not be written."""
-    if writer.missing:
-        summary = {**summary, "not_written": dict(writer.missing)}
+    summary = dict(summary)
+    results.mark_not_written(summary, writer.missing)
     text = results.strict_json(summary, indent=2) + "\n"
     writer.write("summary.json", lambda path: path.write_text(text))
     if writer.missing:

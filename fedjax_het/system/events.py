@@ -148,7 +148,7 @@ def async_server(
     if on_unavailable not in ON_UNAVAILABLE:
         raise ValueError(f"on_unavailable must be one of {ON_UNAVAILABLE}, got {on_unavailable!r}")
     return AsyncServer(
-        jnp.asarray(start, jnp.float32), int(concurrency), int(buffer_size), int(max_staleness),
+        jnp.asarray(start, float), int(concurrency), int(buffer_size), int(max_staleness),
         on_unavailable,
     )
 

@@ -217,7 +217,7 @@ def _readiness_rounds(
             payload_down=payload,
             payload_up=payload,
         )
-        return round_idx + 1, clock, done + jnp.sum(row.valid)
+        return round_idx + 1, clock, done + jnp.sum(row.valid, dtype=jnp.int32)
 
     clock0 = jnp.asarray(policy.start, profiles.step_time.dtype)
     _, clock, done = jax.lax.while_loop(unfinished, one_round, (jnp.int32(0), clock0, jnp.int32(0)))

@@ -116,7 +116,13 @@ def _check(name: str, value, ok, allowed: str) -> jax.Array:
             raise ValueError(f"{name} must be a finite number, got {shown}")
         if not np.all(ok(concrete)):
             raise ValueError(f"{name} must be {allowed}, got {shown}")
-    return jnp.asarray(value, jnp.float32)
+    return _number(value)
+
+
+def _number(value) -> jax.Array:
+    """A policy number in JAX's default float: float64 under ``jax_enable_x64``, so that a
+    float64 computation sees 0.2, not float32(0.2); each use casts it to its times' dtype."""
+    return jnp.asarray(value, float)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -144,8 +150,8 @@ def _policy(
     ):
         raise ValueError(f"max_staleness must be an integer >= 0, got {max_staleness!r}")
     return RoundPolicy(
-        deadline=jnp.asarray(deadline_s, jnp.float32),
-        drop_share=jnp.asarray(drop_share, jnp.float32),
+        deadline=_number(deadline_s),
+        drop_share=_number(drop_share),
         over_commit=_check("over_commit", over_commit, lambda v: v >= 0, ">= 0"),
         overhead=_check("overhead", overhead, lambda v: v >= 0, ">= 0 seconds"),
         start=_check("start", start, lambda v: v >= 0, ">= 0 seconds"),
@@ -319,10 +325,10 @@ def round_end(
         ok = finished
         end = _masked_max(jnp.where(finished, done, fail), started)
     elif policy.kind == "readiness":
-        end = _masked_quantile(done, finished, 1.0 - policy.drop_share)
+        end = _masked_quantile(done, finished, 1.0 - policy.drop_share.astype(done.dtype))
         ok = finished & (done <= end)
     else:
-        limit = policy.deadline
+        limit = policy.deadline.astype(done.dtype)
         # Finishing within float rounding of the deadline counts as on time.
         slack = 8 * jnp.finfo(done.dtype).eps * (jnp.abs(t0) + limit)
         ok = finished & eligible & (done <= limit + slack)

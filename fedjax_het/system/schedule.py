@@ -290,7 +290,8 @@ def never_ready(profiles: ClientProfiles, policy: RoundPolicy, rows: Schedule) -
 def nobody_ready_after(profiles: ClientProfiles, policy: RoundPolicy, start: float) -> bool:
     """Whether no client is ready at, or ever after, a round that starts at virtual time
     ``start`` (its ``start + overhead``): every round from then on would train nobody."""
-    at = jnp.asarray(start, profiles.step_time.dtype) + policy.overhead
+    at = jnp.asarray(start, profiles.step_time.dtype)
+    at = at + policy.overhead.astype(at.dtype)
     later = jax.vmap(avail.next_ready, in_axes=(None, 0, None))(
         avail.queryable(profiles.availability), profiles.trace, at
     )

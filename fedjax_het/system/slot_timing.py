@@ -110,7 +110,7 @@ def _client_work(profiles, policy, key_r, ids, needed, bytes_down, bytes_up):
     down, up = _transfer_times(keys_down, keys_up, profiles, ids, bytes_down, bytes_up)
     step_time = profiles.step_time[ids]
     if policy.kind == "deadline" and policy.on_late == "partial":
-        planned = steps_within(policy.deadline - down - up, step_time, needed)
+        planned = steps_within(policy.deadline.astype(down.dtype) - down - up, step_time, needed)
     else:
         planned = needed
     work = down + planned * step_time + up

@@ -31,13 +31,14 @@ computes what a run started with that many rounds computes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import time
 import tomllib
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,12 @@ class Saved:
 
 @dataclasses.dataclass(frozen=True)
 class Loaded:
-    """A checkpoint read back: ``done`` rounds, its arrays by name and its manifest."""
+    """A checkpoint read back: ``done`` rounds, its arrays by name, its manifest and file."""
 
     done: int
     arrays: dict[str, np.ndarray]
     manifest: dict[str, Any]
+    path: Path | None = None
 
     def tree(self, prefix: str, like: PyTree) -> PyTree:
         """The pytree stored under ``prefix``, shaped and placed like ``like``."""
@@ -179,39 +181,115 @@ def save(
 
 
 def load(out_dir: str | Path) -> Loaded:
-    """Reads ``out_dir/checkpoint.npz``; CheckpointError if there is none or it is unreadable."""
+    """Reads ``out_dir/checkpoint.npz``; CheckpointError (one line, in our words) if there is
+    none, it is unreadable, or its manifest does not describe its arrays."""
     path = Path(out_dir) / FILE
-    if not path.is_file():
-        raise CheckpointError(f"{out_dir} has no {FILE} to resume from")
-    try:
-        with open(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
+    with _opened(out_dir) as npz:
+        try:
             arrays = {name: npz[name] for name in npz.files}
-        manifest = json.loads(str(arrays.pop(_MANIFEST)))
-    except UNREADABLE as err:
-        raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{path} is checkpoint format {manifest.get('format')}; this version reads {FORMAT}"
-        )
+        except UNREADABLE as err:
+            raise CheckpointError(_unreadable(path, err)) from None
+    manifest = _manifest(path, arrays.pop(_MANIFEST, None))
+    for name, value in arrays.items():
+        if not isinstance(value, np.ndarray):  # a member that is not an .npy array
+            raise CheckpointError(f"{path} is not a checkpoint: its member {name!r} is no array")
     for name, dtype in manifest["dtypes"].items():
-        arrays[name] = arrays[name].view(jax.numpy.dtype(dtype))
-    return Loaded(int(manifest["done"]), arrays, manifest)
+        arrays[name] = _view(path, arrays, name, dtype)
+    return Loaded(manifest["done"], arrays, manifest, path)
 
 
 def check_config(out_dir: str | Path, config: Mapping[str, Any]) -> None:
     """Refuses (CheckpointError naming the keys) a ``config`` other than the one the
     checkpoint in ``out_dir`` was written with; reads only the manifest."""
     path = Path(out_dir) / FILE
-    if not path.is_file():
-        raise CheckpointError(f"{out_dir} has no {FILE} to resume from")
-    try:
-        with open(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
-            stored = json.loads(str(npz[_MANIFEST]))["config"]
-    except UNREADABLE as err:
-        raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from None
+    with _opened(out_dir) as npz:
+        try:
+            stored = npz[_MANIFEST] if _MANIFEST in npz.files else None
+        except UNREADABLE as err:
+            raise CheckpointError(_unreadable(path, err)) from None
+        stored = _manifest(path, stored)["config"]
     differ = config_differences(tomllib.loads(results.to_toml(config)), tomllib.loads(stored))
     if differ:
         raise CheckpointError(f"the config differs from the checkpoint's in {'; '.join(differ)}")
+
+
+@contextlib.contextmanager
+def _opened(out_dir: str | Path) -> Iterator[Any]:
+    """``np.load`` of the checkpoint, never of pickles: a file that is not a zip archive is
+    refused before numpy reads it (numpy would take it for a pickle)."""
+    path = Path(out_dir) / FILE
+    if not path.is_file():
+        raise CheckpointError(f"{out_dir} has no {FILE} to resume from")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path} is not a readable checkpoint: not an .npz archive")
+    with open(path, "rb") as f:
+        try:
+            npz = np.load(f, allow_pickle=False)
+        except UNREADABLE as err:
+            raise CheckpointError(_unreadable(path, err)) from None
+        with npz:
+            yield npz
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    if "pickle" in str(err):  # numpy's advice to allow pickles is never ours to give
+        return f"{path} is not a readable checkpoint: it holds Python objects (pickles)"
+    return f"{path} is not a readable checkpoint: {err}"
+
+
+def _manifest(path: Path, stored: np.ndarray | None) -> dict[str, Any]:
+    """The manifest, its structure checked: a JSON object with ``format``, ``done`` (rounds,
+    an integer >= 0), ``dtypes`` (array name -> dtype name), ``config`` (TOML),
+    ``evaluations`` (a list) and ``wall_s`` (seconds >= 0)."""
+    bad = lambda what: CheckpointError(f"{path} is not a usable checkpoint: {what}")
+    if stored is None or not isinstance(stored, np.ndarray) or stored.dtype.kind != "U":
+        raise bad("it has no manifest")
+    try:
+        manifest = json.loads(str(stored))
+    except ValueError:
+        raise bad("its manifest is not JSON") from None
+    if not isinstance(manifest, dict):
+        raise bad(f"its manifest is a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} is checkpoint format {manifest.get('format')}; this version reads {FORMAT}"
+        )
+    kinds = {"done": int, "dtypes": dict, "config": str, "evaluations": list, "wall_s": float}
+    for key, kind in kinds.items():
+        value = manifest.get(key)
+        number = kind is float and isinstance(value, int)
+        if key not in manifest:
+            raise bad(f"its manifest's {key!r} is missing")
+        if isinstance(value, bool) or not (isinstance(value, kind) or number):
+            raise bad(f"its manifest's {key!r} is {value!r}")
+    if manifest["done"] < 0 or not np.isfinite(manifest["wall_s"]) or manifest["wall_s"] < 0:
+        raise bad(f"its manifest says {manifest['done']} rounds in {manifest['wall_s']} s")
+    try:
+        tomllib.loads(manifest["config"])
+    except tomllib.TOMLDecodeError as err:
+        raise bad(f"its manifest's config is not TOML ({err})") from None
+    return manifest
+
+
+def _view(path: Path, arrays: dict[str, np.ndarray], name: str, dtype: Any) -> np.ndarray:
+    """``arrays[name]``'s bits as the manifest's ``dtype`` (bfloat16, a PRNG key's data)."""
+    try:
+        target = jax.numpy.dtype(dtype)
+    except TypeError:
+        target = None
+    if target is None or target.kind != "V":  # save names only dtypes numpy lacks
+        raise CheckpointError(
+            f"{path} is not a usable checkpoint: its manifest names {dtype!r} for {name!r}, "
+            "not a dtype it stores as bits"
+        )
+    stored = arrays.get(name)
+    if stored is None or stored.dtype != np.dtype(f"u{target.itemsize}"):
+        found = "it has no such array" if stored is None else f"the array is {stored.dtype}"
+        raise CheckpointError(
+            f"{path} is not a usable checkpoint: its manifest stores {name!r} as {dtype}, "
+            f"but {found}"
+        )
+    return stored.view(target)
 
 
 def config_differences(resumed: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:

@@ -1,7 +1,8 @@
 """The loop over blocks of rounds, shared by ``simulate.run`` and ``sweep.sweep``
 (docs/design.md §3): run a jitted block, bring its per-round metrics to the host,
 evaluate, record, maybe checkpoint, repeat. Only this loop runs in Python; a round
-never does. SIGINT and SIGTERM stop it after the current block (``interrupt.deferred``).
+never does. SIGINT and SIGTERM stop it after the current block, the last one included
+(``interrupt.deferred``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def train_loop(
         ev = jax.device_get(evaluate(state))
         if done == 0:
             on_eval(0, None, ev)
-        compile_s, saved_at, stopped = None, done, None
+        compile_s, saved_at, stopped, stop = None, done, None, False
         bar = tqdm(
             total=rounds, initial=done, desc=f"{unit}s", unit=unit, disable=not progress, leave=True
         )
@@ -86,6 +87,7 @@ def train_loop(
             t0 = time.perf_counter()
             state, block_metrics = block(state, round_ids, block_plans)
             block_metrics = jax.device_get(block_metrics)
+            pending.watched = False  # compiled and run: from here the blocks' rounds are kept
             compile_s = time.perf_counter() - t0 if compile_s is None else compile_s
             before, done = done, done + size
             ev = jax.device_get(evaluate(state))
@@ -98,6 +100,9 @@ def train_loop(
             if save is not None and (due or done == rounds):
                 save(done, state)
                 saved_at = done
+        pending.watched = False
+        if stopped is None and not stop:  # a signal during the last block is acted on too
+            stopped = pending.agreed()
         if save is not None and stopped is not None and saved_at != done:
             save(done, state)
         bar.close()

@@ -399,7 +399,7 @@ class OnlineRound:
     def _soft_deadline(self, old: jax.Array, row: Schedule) -> jax.Array:
         ok = row.outcome == OK
         mean = jnp.sum(jnp.where(ok, row.finish, 0)) / jnp.maximum(jnp.sum(ok), 1)
-        observed = mean - self.policy.overhead
+        observed = mean - self.policy.overhead.astype(mean.dtype)
         ema = self.soft_deadline_ema
         new = jnp.where(jnp.isnan(old), observed, ema * old + (1 - ema) * observed)
         return jnp.where(jnp.any(ok), new, old).astype(jnp.float32)

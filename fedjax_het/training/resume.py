@@ -66,6 +66,7 @@ def load_checkpoint(out_dir: str | Path, recorders: Sequence[Recorder]) -> check
     """The checkpoint in ``out_dir``, its records restored into ``recorders`` (check the
     config first, ``checkpoint.check_config``, before a recorder rewrites it)."""
     loaded = checkpoint.load(out_dir)
+    _check_rounds(loaded, len(recorders))
     for j, recorder in enumerate(recorders):
         recorder.restore(
             loaded.group(f"records{j}"),
@@ -73,6 +74,28 @@ def load_checkpoint(out_dir: str | Path, recorders: Sequence[Recorder]) -> check
             loaded.manifest["wall_s"],
         )
     return loaded
+
+
+def _check_rounds(loaded: checkpoint.Loaded, runs: int) -> None:
+    """Refuses a checkpoint whose round counter disagrees with its records: each run's
+    per-round arrays hold ``done`` rounds and its last evaluation is of round ``done``
+    (a counter ahead of the records would skip the rounds between)."""
+    done, evaluations, path = loaded.done, loaded.manifest["evaluations"], loaded.path
+    if len(evaluations) != runs or not all(isinstance(e, list) for e in evaluations):
+        raise checkpoint.CheckpointError(
+            f"{path} is not a usable checkpoint: it has evaluations of {len(evaluations)} "
+            f"run(s), this is {runs}"
+        )
+    for j, lines in enumerate(evaluations):
+        records = loaded.group(f"records{j}").values()
+        lengths = sorted({a.shape[0] if a.ndim else -1 for a in records})
+        last = lines[-1].get("round") if lines and isinstance(lines[-1], dict) else None
+        if lengths != [done] or last != done:
+            raise checkpoint.CheckpointError(
+                f"{path} is not a usable checkpoint: its manifest says {done} rounds were done, "
+                f"its records hold {lengths or 'no'} rounds and its last evaluation is of "
+                f"round {last}"
+            )
 
 
 def restore_state(loaded: checkpoint.Loaded, like: Any, store: client_store.ClientStore) -> Any:

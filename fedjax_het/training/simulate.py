@@ -110,21 +110,24 @@ def _run(
 ) -> History:
     """The steps of a run: check, build the round, plan, open the results, loop, record.
 
-    A Ctrl-C before the results are opened stops the run at once (nothing was computed);
-    from then on SIGINT and SIGTERM are deferred (``interrupt.deferred``) until the last
-    result file is written."""
+    A SIGINT or SIGTERM before the results are opened stops the run at once (nothing was
+    computed, ``interrupt.prompt``); from then on it is deferred (``interrupt.deferred``)
+    to the end of the block of rounds computing, or of the last result file written; one
+    that arrives while the round is built or compiled, if the main thread is stuck there
+    ``interrupt.GRACE_S`` seconds later, ends the process (the watchdog)."""
     algorithm = training.algorithm
     timing.check(algorithm)
-    try:
-        setup = round_setup(data, training, engine, timing)
-        key, start = rng.seed_key(training.seed), time.perf_counter()
-        online_ = timing.in_loop(algorithm)
-        if online_:
-            check_ready_at_start(timing.system)
-        plans, accounting = (None, None) if online_ else _plan(setup, timing, training.rounds, key)
-    except KeyboardInterrupt:
-        raise interrupt.Interrupted(trained=False) from None
-    with interrupt.deferred():
+    with interrupt.deferred() as pending:
+        with interrupt.prompt():  # nothing computed yet: a signal stops the run at once
+            setup = round_setup(data, training, engine, timing)
+            key, start = rng.seed_key(training.seed), time.perf_counter()
+            online_ = timing.in_loop(algorithm)
+            if online_:
+                check_ready_at_start(timing.system)
+            plans, accounting = (
+                (None, None) if online_ else _plan(setup, timing, training.rounds, key)
+            )
+        pending.watched = True  # until the first block ran (train_loop): a stuck compile ends
         recorder, resumed = _open_results(output, data, training.nonfinite, start)
         recorder.accounting = accounting
         loop = functools.partial(
@@ -152,7 +155,10 @@ def _run(
             ),
         )
         end, plans = path.finished(end)
-        return _finish(recorder, end, setup, plans, output.targets)
+        history = _finish(recorder, end, setup, plans, output.targets)
+        if pending.signum is not None:  # arrived while the results were written: complete
+            raise interrupt.Interrupted(pending.signum, end.done, history)
+        return history
 
 
 def round_setup(
