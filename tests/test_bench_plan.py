@@ -27,7 +27,6 @@ from fedjax_het import models
 from fedjax_het.engine import cohort, memory_estimate, step_cost
 from fedjax_het.front import config
 from fedjax_het.training import simulate
-from fedjax_het.training.options import run_options
 
 FLASH_DEADLINE = [
     'data.name="synthetic"', "data.num_clients=32", "sampler.clients_per_round=16",
@@ -57,15 +56,7 @@ def test_a_flash_deadline_configs_plan_in_the_harness_is_the_one_run_records(
     experiment = config.build(config.load(None, FLASH_DEADLINE))
     simulate.run(
         experiment.data,
-        *run_options(
-            model=experiment.model,
-            algorithm=experiment.algorithm,
-            sampler=experiment.sampler,
-            **experiment.run_kwargs(),
-            progress=False,
-            out_dir=tmp_path,
-            config=experiment.config,
-        ),
+        *experiment.options(progress=False, out_dir=tmp_path, config=experiment.config),
     )  # fmt: skip
     summary = json.loads((tmp_path / "summary.json").read_text())
     planned = harness.run_setup(

@@ -58,15 +58,7 @@ def one_run(exp: config.Experiment, out, delay: float | None) -> str:
                 sender.start()
             simulate.run(
                 exp.data,
-                *run_options(
-                    model=exp.model,
-                    algorithm=exp.algorithm,
-                    sampler=exp.sampler,
-                    **exp.run_kwargs(),
-                    out_dir=out,
-                    config=exp.config,
-                    progress=False,
-                ),
+                *exp.options(out_dir=out, config=exp.config, progress=False),
             )
         finally:
             if sender:
@@ -110,7 +102,6 @@ import pathlib, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from fedjax_het.front import cli
 from fedjax_het.training import programs, simulate
-from fedjax_het.training.options import run_options
 marker = pathlib.Path(sys.argv[1])
 where = sys.argv[2]
 def hang(*args, **kwargs):
