@@ -85,6 +85,7 @@ class ChunkPlan:
       free_bytes: the device's free memory.
       safety: share of ``free_bytes`` the plan may use.
       source: "xla" (compiled memory analysis) or "analytic" (``eval_shape`` sums).
+      requested: the chunk asked for (``engine.chunk``), 0: none.
     """
 
     chunk: int
@@ -97,6 +98,7 @@ class ChunkPlan:
     free_bytes: int
     safety: float
     source: str
+    requested: int = 0
 
     def need(self, chunk: int) -> int:
         """Bytes the round needs with ``chunk`` clients per chunk."""
@@ -106,8 +108,11 @@ class ChunkPlan:
     def describe(self) -> str:
         """One line: the chunk, the estimate it came from and the memory it uses."""
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
+        asked = self.requested not in (0, self.chunk) and self.requested < self.cohort
+        rounded = (f" (engine.chunk = {self.requested} rounded to a power of two: chunks are "
+                   "whole subtrees of the cohort's reduction tree)") if asked else ""
         return (
-            f"chunk {self.chunk} of {self.cohort} ({self.source}: "
+            f"chunk {self.chunk} of {self.cohort}{rounded} ({self.source}: "
             f"{format_bytes(self.per_client_bytes)} per client, {format_bytes(self.fixed_bytes)} fixed, "
             f"{format_bytes(self.slot_bytes)} per slot{runs}, {format_bytes(self.data_bytes)} data) needs "
             f"{format_bytes(self.need(self.chunk))} of {format_bytes(self.free_bytes)} free"
@@ -178,7 +183,7 @@ def plan_chunk(
     estimate = _estimate(spec, num_clients, source, in_place, treedef, tuple(leaves))
     free = available_memory().device_free if free_bytes is None else free_bytes
     plan = ChunkPlan(
-        chunk=1,
+        chunk=1, requested=chunk or 0,
         per_client_bytes=estimate.per_client,
         fixed_bytes=estimate.fixed,
         slot_bytes=estimate.slot,
