@@ -16,8 +16,7 @@ from test_bad_inputs import POLICY, _check_refused, _sets, case, run, write
 from fedjax_het.data import catalog
 from fedjax_het.data import tfds as tfds_loader
 from fedjax_het.engine import memory
-from fedjax_het.front import cli, config, entry
-from fedjax_het.schema import When
+from fedjax_het.front import cli, config
 
 SMALL = ('data.name="synthetic"', "data.num_clients=6", "sampler.clients_per_round=3")
 LOGNORMAL = ('system.devices="lognormal"',)  # a [system] without a [policy] kind
@@ -201,6 +200,8 @@ def test_a_size_is_priced_against_the_memory_there_is():
 def test_every_rule_names_a_key_and_a_chooser_the_config_has():
     """The rules of ``config.APPLIES`` are not vacuous: each key and each chooser is a key of
     the schema (a renamed option would otherwise leave its rule checking nothing)."""
+    from fedjax_het.schema import When
+
     known = config.options(config.load(None, POLICY))
     for key, conditions in config.APPLIES.items():
         assert key in known, key
@@ -237,6 +238,7 @@ class _Interrupting(importlib.abc.MetaPathFinder):
 
 def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
     import fedjax_het.front
+    from fedjax_het.front import entry
 
     monkeypatch.delitem(sys.modules, "fedjax_het.front.cli")
     monkeypatch.delattr(fedjax_het.front, "cli")
