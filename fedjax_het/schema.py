@@ -10,6 +10,10 @@ assembles them.
 No number may be NaN or infinite, except where a table says what ``inf`` means (its
 ``UNBOUNDED``); integers fit in 32 bits; seeds are >= 0.
 
+A key that does nothing where it is set is refused as an unknown one is: a table declares
+where each of its kind-dependent keys acts (``When``: ``policy.deadline`` where ``policy.kind =
+"deadline"``, in its ``APPLIES``) and ``applies`` checks every key the user set against them.
+
 Every key is a :class:`Key`: its type, default and what it means. A table that lists its keys
 writes their descriptions itself; a key read off a function's signature or a dataclass's fields
 takes its description from that docstring's ``Args:`` / ``Attributes:`` /
@@ -73,6 +77,59 @@ def within(key: str, value: Any, spec: Key) -> None:
         raise ConfigError(f"{key} must be {either(spec.choices)}, got {value!r}")
     if spec.minimum is not None and value < spec.minimum:
         raise ConfigError(f"{key} must be >= {spec.minimum}, got {value}")
+
+
+class When(NamedTuple):
+    """Where a key does something: the key ``chooser`` takes one of ``values`` (``"*.csv"``: a
+    CSV path), or with ``unless``, anything but them (``applies``)."""
+
+    chooser: str
+    values: tuple[Any, ...]
+    unless: bool = False
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` of the chooser lets the key act."""
+        csv = isinstance(value, str) and value.lower().endswith(".csv")
+        hit = any(value == v or (v == "*.csv" and csv) for v in self.values)
+        return hit != self.unless
+
+    def describe(self) -> str:
+        """``policy.kind = 'deadline'``, ``system.device_sampler is not 'random'``..."""
+        names = [toml_value(v) if v != "*.csv" else "a CSV path" for v in self.values]
+        joined = names[0] if len(names) == 1 else f"one of {', '.join(names)}"
+        return f"{self.chooser} {'is not' if self.unless else '='} {joined}"
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as TOML writes it: ``true``, ``'deadline'``, ``0.5``."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def applies(
+    config: Mapping[str, Any],
+    given: Mapping[str, Sequence[str]],
+    rules: Mapping[str, Sequence[When]],
+    defaults: Mapping[str, Any],
+) -> None:
+    """Raises a ConfigError for the first key the user set (``given``: table -> keys) that does
+    nothing in ``config`` (resolved: its choosers hold the values the run uses, else
+    ``defaults``): a key of ``rules`` one of whose conditions fails. A key that does nothing
+    is refused as an unknown one is, since a run that ignores it is not the run asked for;
+    one set to its default asks for nothing (a resolved config, ``config --all``, lists them
+    all) and passes."""
+    for key, conditions in rules.items():
+        table, _, leaf = key.partition(".")
+        value = (config.get(table) or {}).get(leaf)
+        if leaf not in given.get(table, ()) or value == defaults.get(key):
+            continue
+        for when in conditions:
+            chooser_table, _, chooser = when.chooser.partition(".")
+            chosen = (config.get(chooser_table) or {}).get(chooser, defaults.get(when.chooser))
+            if not when.holds(chosen):
+                raise ConfigError(
+                    f"{key} does nothing here: it applies only where {when.describe()}, and "
+                    f"this config has {when.chooser} = {toml_value(chosen)}; remove it"
+                )
 
 
 _ENTRY_SECTIONS = ("Args", "Attributes", "Hyperparameters", "Options")
@@ -230,6 +287,9 @@ def registered(kind: str, name: Any) -> Callable:
 
 def choose(key: str, name: Any, choices: Mapping[str, Any]) -> Any:
     """``choices[name]``, the value a choosing key (``data.name``, ``partition.kind``) names."""
+    if name is None:
+        raise ConfigError(f"{key} is required here (it chooses the table's options); allowed: "
+                          f"{', '.join(sorted(choices))}")
     if not isinstance(name, str) or name not in choices:
         raise ConfigError(unknown(key, name, choices))
     return choices[name]

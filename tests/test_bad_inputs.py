@@ -362,8 +362,8 @@ FIRST_HOUR_CASES = [
          run(*POLICY, 'server.mode="async"', "privacy.noise_multiplier=1.0"),
          "[privacy] and server.mode = 'async' do not combine"),
     case("a ring of models no device holds",
-         run(*POLICY, 'server.mode="async"', "server.max_staleness=1000000"),
-         "does not fit the device"),
+         run('system.devices="lognormal"', 'server.mode="async"', "server.max_staleness=1000000"),
+         "server.max_staleness = 1000000", "does not fit the device"),
 ]
 
 

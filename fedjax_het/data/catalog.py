@@ -17,6 +17,7 @@ keys its config table accepts (checked by ``fedjax_het.front.config``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -132,29 +133,65 @@ def leaf_json(*, path: str, dataset: str = "femnist", num_clients: int = 0) -> F
 
 def tfds_images(
     *,
-    name: str,
+    dataset: str,
     num_clients: int = 100,
     num_train: int = 0,
     num_test: int = 0,
+    train_split: str = "train",
+    test_split: str = "test",
+    image_key: str = "image",
+    label_key: str = "label",
     data_dir: str = "",
     seed: int = 0,
 ) -> Centralised:
-    """Any TFDS image-classification dataset already prepared on disk (``data.tfds``).
+    """Any TFDS image-classification dataset already prepared on disk (``data.tfds``), read
+    offline: a dataset TFDS has not prepared in ``data_dir`` (in the ``array_record`` format),
+    or no ``tensorflow-datasets``, is one line naming it.
 
     Needs ``pip install "fedjax_het[tfds]"``.
 
     Args:
-      name: the TFDS name of the dataset (e.g. "mnist").
+      dataset: the TFDS name of the dataset, optionally with config and version ("mnist",
+        "cifar10:3.0.2").
       num_clients: clients the [partition] splits the examples among, >= 1.
       num_train, num_test: keep the first examples of each split (0: all).
+      train_split, test_split: the TFDS splits to train and test on, TFDS slicing included
+        ("train[:80%]").
+      image_key, label_key: the names of the image feature and of the class-label feature.
       data_dir: where TFDS keeps its prepared datasets ("": its default).
       seed: seed of the partition (and of the per-client test splits).
     """
     del num_clients, seed
-    kwargs = {"data_dir": data_dir or None, "download": False}
-    train = tfds_loader.load_split(name, "train", num_examples=num_train or None, **kwargs)
-    test = tfds_loader.load_split(name, "test", num_examples=num_test or None, **kwargs)
-    return Centralised(train.x, train.y, test.x, test.y, train.num_classes, name)
+    kwargs = {"data_dir": data_dir or None, "image_key": image_key, "label_key": label_key}
+    train = _offline_split(dataset, train_split, num_train, kwargs)
+    test = _offline_split(dataset, test_split, num_test, kwargs)
+    return Centralised(train.x, train.y, test.x, test.y, train.num_classes, dataset)
+
+
+def _offline_split(
+    dataset: str, split: str, count: int, kwargs: dict
+) -> tfds_loader.ImageSplit:
+    """One split read with ``download=False``; TFDS's errors (which span lines) as a one-line
+    ValueError."""
+    absl = logging.getLogger("absl")  # TFDS warns of every folder it looks in
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        return tfds_loader.load_split(
+            dataset, split, num_examples=count or None, download=False, **kwargs
+        )
+    except NotImplementedError:  # TFDS's random access needs array_record files
+        reason = (f"it is not prepared there in the array_record format (once: tfds build "
+                  f"{dataset} --file_format=array_record)")
+    except Exception as err:  # noqa: BLE001 - TFDS raises many kinds; the first line says what
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    finally:
+        absl.setLevel(level)
+    where = kwargs["data_dir"] or "TFDS's default data directory"
+    raise ValueError(
+        f"data.dataset = {dataset!r} (split {split!r}) cannot be read offline from {where}: "
+        f"{reason}"
+    )
 
 
 DATASETS: dict[str, Callable[..., Centralised | FederatedData]] = {

@@ -70,7 +70,7 @@ def keys(config: Mapping[str, Any]) -> dict[str, Key]:
         if config.get(table) or (table == "feature_skew" and config.get("partition")):
             default = DEFAULTS[table].get(name, ...)
             out[f"{table}.{name}"] = Key(str, default, _CHOOSER_DOCS[table], choices=tuple(choices))
-    data = signature_keys("data", _dataset(config))  # tfds's own "name" is not settable
+    data = signature_keys("data", _dataset(config))
     out.update({key: spec for key, spec in data.items() if key not in out})
     if config.get("partition"):
         kind = config["partition"].get("kind")
@@ -112,6 +112,12 @@ def _check_num_clients(builder: Callable, args: Mapping[str, Any]) -> None:
 def local_work(config: dict[str, Any]) -> LocalWork:
     """The [local] table as the :class:`LocalWork` it builds; resolved in place."""
     work = construct("local", LocalWork, config["local"])
+    if work.steps is not None and work.max_steps is not None:
+        effect = ("caps every client at" if work.max_steps < work.steps else "does nothing beside")
+        raise ConfigError(
+            f"local.max_steps = {work.max_steps} {effect} local.steps = {work.steps}: it caps the "
+            "steps of local.epochs; with local.steps give that number alone"
+        )
     config["local"] = {
         f.name: getattr(work, f.name)
         for f in dataclasses.fields(work)

@@ -87,6 +87,7 @@ class ChunkPlan:
         the data store excluded (it takes the place of ``fixed + chunk x per_client``).
       halved: the larger chunks whose compiled programs did not fit, with their need.
       step: the step cost the backend's preference was given (work varies on an accelerator).
+      requested: the chunk asked for (``engine.chunk``), 0: none.
     """
 
     chunk: int
@@ -102,6 +103,7 @@ class ChunkPlan:
     measured_bytes: int | None = None
     halved: tuple[tuple[int, int], ...] = ()
     step: step_cost.StepCost | None = None
+    requested: int = 0
 
     def need(self, chunk: int) -> int:
         """Bytes the round needs with ``chunk`` clients per chunk, on the straight line."""
@@ -121,8 +123,11 @@ class ChunkPlan:
         """One line: the chunk, the estimate it came from, the memory it uses, the compiled
         program's measure and the step cost it was chosen with."""
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
+        asked = self.requested not in (0, self.chunk) and self.requested < self.cohort
+        rounded = (f" (engine.chunk = {self.requested} rounded to a power of two: chunks are "
+                   "whole subtrees of the cohort's reduction tree)") if asked else ""
         line = (
-            f"chunk {self.chunk} of {self.cohort} ({self.source}: "
+            f"chunk {self.chunk} of {self.cohort}{rounded} ({self.source}: "
             f"{format_bytes(self.per_client_bytes)} per client, {format_bytes(self.fixed_bytes)} fixed, "
             f"{format_bytes(self.slot_bytes)} per slot{runs}, {format_bytes(self.data_bytes)} data) needs "
             f"{format_bytes(self.needed)} of {format_bytes(self.free_bytes)} free"
@@ -186,7 +191,7 @@ def plan_chunk(
     estimate = memory_estimate.estimate(spec, num_clients, source, in_place, treedef, leaves)
     free = available_memory().device_free if free_bytes is None else free_bytes
     plan = ChunkPlan(
-        chunk=1,
+        chunk=1, requested=chunk or 0,
         per_client_bytes=estimate.per_client,
         fixed_bytes=estimate.fixed,
         slot_bytes=estimate.slot,

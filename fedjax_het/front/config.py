@@ -70,10 +70,13 @@ Every key is checked against the signature of the function it feeds, before
 anything is built or compiled: an unknown key, a value of the wrong type or an
 impossible value raises :class:`ConfigError` naming the key and what is
 allowed. No number may be NaN or infinite, except where :data:`UNBOUNDED`
-says what ``inf`` means; integers fit in 32 bits; seeds are >= 0. Only the
+says what ``inf`` means; integers fit in 32 bits; seeds are >= 0; a key of an optional table
+that does nothing in the config chosen (``policy.on_late`` under ``policy.kind = "wait_all"``,
+:data:`APPLIES`) is refused, saying where it applies. Only the
 checks that need the data come after it is built (the model's options, checked
 by its factory, which takes the data's shapes; a cohort larger than the
-clients; a partition that cannot be drawn), still before anything compiles.
+clients; a partition that cannot be drawn; every size the config sets, priced by
+``fedjax_het.training.sizes``), still before anything compiles or any directory is made.
 
 Each table's schema (its defaults, its checks and what it builds) lives beside the code it
 configures: the top-level numbers, [engine] and [distributed] in ``fedjax_het.training.schema``;
@@ -91,8 +94,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from inspect import signature
 from pathlib import Path
@@ -111,13 +112,15 @@ from fedjax_het.engine import schema as algorithm_schema
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.hooks import Freezing
 from fedjax_het.front import model_schema
+from fedjax_het.front.toml_input import parse_override, read, shallow
 from fedjax_het.gandalf import schema as gandalf_schema
 from fedjax_het.gandalf.pipeline import GandalfOptions
-from fedjax_het.schema import INT_BITS, ConfigError, Key, representable, unknown
+from fedjax_het.schema import INT_BITS, ConfigError, Key, applies, representable, unknown
 from fedjax_het.system import events, setup
 from fedjax_het.system import schema as system_schema
 from fedjax_het.system.sampler import Sampler
 from fedjax_het.training import schema as training_schema
+from fedjax_het.training import sizes
 from fedjax_het.training.costs import client_costs
 from fedjax_het.training.options import RunOptions, run_options
 from fedjax_het.training.schema import cluster, compile_cache
@@ -166,6 +169,8 @@ TABLES: dict[str, str] = {
 UNBOUNDED: dict[str, str] = {**data_schema.UNBOUNDED, **system_schema.UNBOUNDED}
 """The number options for which ``inf`` means something, and what; every other number
 option must be finite, and none may be NaN (``fedjax_het.schema.check``)."""
+APPLIES = {**system_schema.APPLIES, **transforms_schema.APPLIES}
+"""Where each key of an optional table does something; set elsewhere, it is refused."""
 _NAME_KEYS = {"data": "name", "partition": "kind", "model": "name", "algorithm": "name"}
 """The keys that choose a table's function: naming another drops the default options."""
 
@@ -225,70 +230,8 @@ def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {table!r} is not a table")
         node[leaf] = value
+    shallow(raw)
     return merge_defaults(raw)
-
-
-def read(path: str | Path) -> dict[str, Any]:
-    """The TOML tables of the config file ``path``.
-
-    Raises:
-      ConfigError: one line naming the path: it does not exist, is a folder or
-        not a regular file, cannot be read, is not UTF-8 text, or is not valid
-        TOML (with tomllib's line and column).
-    """
-    name = f"config file {str(path)!r}"
-    file = Path(path)
-    if file.is_dir():
-        raise ConfigError(f"{name} is a folder, not a TOML file")
-    if file.exists() and not file.is_file():
-        raise ConfigError(f"{name} is not a regular file")
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{name} does not exist") from None
-    except OSError as err:
-        raise ConfigError(f"{name} cannot be read: {err.strerror or err}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"{name} is not a text file (not UTF-8 at byte {err.start}); a config is TOML text"
-        ) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        twice = _set_twice(text) if str(err).startswith("Cannot overwrite a value") else None
-        reason = f"{twice[0]} is set twice (line {twice[1]})" if twice else str(err)
-        raise ConfigError(f"{name} is not valid TOML: {reason}") from None
-
-
-def _set_twice(text: str) -> tuple[str, int] | None:
-    """The first key a TOML text sets twice in one table, and its second line (``tomllib``
-    names only the line, or the end of the document)."""
-    seen, table = set(), ""
-    for number, line in enumerate(text.splitlines(), 1):
-        header = re.fullmatch(r"\[([^\[\]]+)\]\s*(#.*)?", line.strip())
-        assignment = re.match(r"\s*([\w.\-\"' ]+?)\s*=", line)
-        if header:
-            table = header[1].replace(" ", "") + "."
-        elif assignment:
-            key = table + re.sub(r"[\s\"']", "", assignment[1])
-            if key in seen:
-                return key, number
-            seen.add(key)
-    return None
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"algorithm.client_lr=0.1"`` -> ``("algorithm.client_lr", 0.1)``; values are TOML."""
-    key, sep, text = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"--set expects key=value (e.g. algorithm.client_lr=0.1), got {item!r}")
-    try:
-        value = tomllib.loads(f"v = {text.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text.strip()  # a bare word is a string
-    return key.strip(), value
 
 
 def merge_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -391,6 +334,7 @@ def build(config: Mapping[str, Any]) -> Experiment:
     """
     config = copy.deepcopy(dict(config))
     checked = _check_tables(config)
+    sizes.check_data(config)  # a generated dataset, before it is generated
     # Every key is checked: from here on, only what needs the data itself.
     data = data_schema.build_data(
         checked.dataset, checked.data_args, checked.partition, checked.skew,
@@ -398,6 +342,10 @@ def build(config: Mapping[str, Any]) -> Experiment:
     )  # fmt: skip
     num_clients = data.num_clients
     system_schema.check_with_data(checked.cohort, checked.server, num_clients)
+    clusters = config["algorithm"].get("num_clusters")
+    if clusters is not None and clusters > num_clients:
+        raise ConfigError(f"algorithm.num_clusters must be at most the {num_clients} clients of "
+                          f"the data (each client joins one cluster), got {clusters}")
     if checked.private is not None:
         config["rounds"] = transforms_schema.rounds_within_budget(
             checked.private, config["rounds"], checked.cohort, num_clients
@@ -405,6 +353,8 @@ def build(config: Mapping[str, Any]) -> Experiment:
     model = model_schema.build_model(
         checked.model, checked.model_args, data.example_shape, data.num_classes
     )
+    planned = checked.selection is None and checked.algorithm.freezing is None
+    sizes.check(config, data, model, checked.work, checked.cohort, planned=planned)
     transforms_schema.check_updates(
         config, checked.untransformed, model, data.train.x, data.train.y
     )
@@ -448,10 +398,21 @@ def _with_widths(
     return algorithm
 
 
+def _applies(config: dict[str, Any], given: Mapping[str, Sequence[str]]) -> None:
+    """Refuses a key of an optional table that does nothing in the resolved ``config``
+    (:data:`APPLIES`), such as ``policy.deadline`` when ``policy.kind`` is not "deadline"."""
+    if not any(f"{table}.{key}" in APPLIES for table, keys in given.items() for key in keys):
+        return
+    defaults = {key: spec.default for key, spec in options(config).items()}
+    applies(config, given, APPLIES, defaults)
+
+
 def _check_tables(config: dict[str, Any]) -> _Checked:
     """Checks every table without the data, in place (each resolved to the values the run
     uses), and the rules between tables."""
+    given = {name: list(table) for name, table in config.items() if isinstance(table, Mapping)}
     training_schema.check_run(config)
+    representable(config, config["engine"]["precision"])  # before numpy casts the values
     if config["engine"]["precision"] == "float64":
         jax.config.update("jax_enable_x64", True)
     training_schema.resolve_cluster(config)
@@ -486,6 +447,7 @@ def _check_tables(config: dict[str, Any]) -> _Checked:
         learned_selection=selection is not None, private=private is not None,
     )  # fmt: skip
     representable(config, config["engine"]["precision"])
+    _applies(config, given)
     return _Checked(
         dataset, data_args, partition, skew, work, model, model_args, algorithm, untransformed,
         hyper, mediated, private, sampler, cohort, system, selection, server,

@@ -6,12 +6,13 @@ beside the hyperparameters of the FedAvg that trains each group.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from fedjax_het.engine import schema as algorithm_schema
 from fedjax_het.gandalf.pipeline import MEDIATED, GandalfOptions, gandalf_options
-from fedjax_het.schema import ConfigError, Key, dataclass_keys, guarded, registered
+from fedjax_het.schema import ConfigError, Key, check, dataclass_keys, guarded, registered
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(GandalfOptions) if f.name != "gan")
 """The keys of [algorithm] that are mediator options (``gan`` follows from the name)."""
@@ -29,7 +30,8 @@ class Mediated(NamedTuple):
 
 def is_mediated(config: Mapping[str, Any]) -> bool:
     """Whether ``config``'s [algorithm] names a mediator run."""
-    return config["algorithm"].get("name") in MEDIATED
+    name = config["algorithm"].get("name")
+    return isinstance(name, str) and name in MEDIATED
 
 
 def keys(config: Mapping[str, Any]) -> dict[str, Key]:
@@ -51,16 +53,18 @@ def name_key() -> Key:
 def mediated(config: dict[str, Any]) -> Mediated | None:
     """The checked mediator options of [algorithm]; the table is left holding FedAvg's name and
     hyperparameters (``record`` puts the options back). None for every other algorithm."""
-    name = config["algorithm"].get("name")
-    if name not in MEDIATED:
+    if not is_mediated(config):
         return None
+    name = config["algorithm"]["name"]
     for table in REFUSED:
         if config.get(table):
             raise ConfigError(
                 f"algorithm.name = {name!r} runs mediator groups: it takes no [{table}] table"
             )
     table = dict(config["algorithm"])
-    options = {k: table.pop(k) for k in list(table) if k in OPTIONS}
+    hints = typing.get_type_hints(GandalfOptions)
+    options = {k: check(f"algorithm.{k}", table.pop(k), hints[k]) for k in list(table)
+               if k in OPTIONS}
     chosen = guarded("algorithm", lambda: gandalf_options(gan=MEDIATED[name], **options))
     resolved = {
         k: list(v) if isinstance(v, tuple) else v

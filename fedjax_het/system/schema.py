@@ -17,6 +17,7 @@ from fedjax_het import registry
 from fedjax_het.schema import (
     ConfigError,
     Key,
+    When,
     arguments,
     check,
     guarded,
@@ -50,6 +51,32 @@ SELECTION_SKIP = ("num_clients", "num_slots")  # given by the data and the cohor
 
 SystemOptions = tuple[dict[str, Any], RoundPolicy]  # the profile options, the policy
 Selection = tuple[Callable, dict[str, Any]]  # a learned selection's factory, its options
+
+
+_SYNC = When("server.mode", ("sync",))  # the asynchronous server runs whole tasks, no rounds
+_TRACES = ("strict", "loose", "*.csv")
+APPLIES: dict[str, tuple[When, ...]] = {
+    "system.step_time_sigma": (When("system.devices", ("lognormal",)),),
+    "system.device_sampler": (When("system.devices", ("flash",)),),
+    "system.device_level": (When("system.device_sampler", ("random",), unless=True),),
+    "system.bandwidth": (When("system.network", ("uniform",)),),
+    "system.availability_p": (When("system.availability", ("bernoulli",)),),
+    "system.availability_slots": (When("system.availability", ("bernoulli",)),),
+    "system.availability_period": (When("system.availability", ("bernoulli", "*.csv")),),
+    "system.min_interval": (When("system.availability", _TRACES),),
+    "system.state_sampler": (When("system.availability", ("strict", "loose")),),
+    "system.state_level": (When("system.state_sampler", ("random",), unless=True),),
+    "policy.kind": (_SYNC,),
+    "policy.deadline": (When("policy.kind", ("deadline",)), _SYNC),
+    "policy.on_late": (When("policy.kind", ("deadline",)), _SYNC),
+    "policy.readiness": (When("policy.kind", ("readiness",)), _SYNC),
+    "policy.over_commit": (_SYNC,),
+    "server.concurrency": (When("server.mode", ("async",)),),
+    "server.buffer_size": (When("server.mode", ("async",)),),
+    "server.max_staleness": (When("server.mode", ("async",)),),
+}
+"""Where each key of [system], [policy] and [server] does something (``schema.applies``): a
+key set where it does nothing is refused."""
 
 
 TABLES: dict[str, str] = {

@@ -132,8 +132,8 @@ def _number(path: Path, line: int, row: Mapping[str, str], column: str, rule: st
     text = row[column]
     if not text:
         raise ValueError(f"{where}: empty, expected a number")
-    try:
-        value = float(text)
+    try:  # ASCII only: float() also reads other scripts' digits ("٣" is 3.0)
+        value = float(text) if text.isascii() else math.nan
     except ValueError:
         value = math.nan
     if not math.isfinite(value):

@@ -14,10 +14,23 @@ from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.hooks import PayloadBytes
 from fedjax_het.engine.shapes import one_client
 from fedjax_het.models import Model
-from fedjax_het.schema import ConfigError, Key, guarded, optional_table, signature_keys
+from fedjax_het.schema import ConfigError, Key, When, guarded, optional_table, signature_keys
 from fedjax_het.transforms import compression, privacy
 
 DEFAULTS: dict[str, Any] = {"compression": {}, "privacy": {}}
+
+
+_ADAPTIVE = (When("privacy.adaptive", (True,)),)
+APPLIES: dict[str, tuple[When, ...]] = {
+    "compression.levels": (When("compression.upload", ("qsgd",)),),
+    "compression.fraction": (When("compression.upload", ("top_k", "random_k")),),
+    "compression.majority_vote": (When("compression.upload", ("sign",)),),
+    "compression.error_feedback": (When("compression.upload", ("none",), unless=True),),
+    "privacy.target_quantile": _ADAPTIVE,
+    "privacy.clip_lr": _ADAPTIVE,
+    "privacy.count_noise": _ADAPTIVE,
+}
+"""Where each key of [compression] and [privacy] does something (``schema.applies``)."""
 
 
 TABLES: dict[str, str] = {
@@ -43,6 +56,8 @@ def transformed(
     """``algorithm`` made private and compressed as the tables ask, and the checked privacy
     options (None: no [privacy]); both tables resolved in place."""
     private = _privacy_options(config)
+    if private is not None and private["adaptive"]:
+        _check_adaptive(private, cohort)
     if private is not None:
         chosen = {k: v for k, v in private.items() if k != "target_epsilon"}
         algorithm = guarded(
@@ -53,6 +68,21 @@ def transformed(
         raise ConfigError("compression.majority_vote and [privacy] do not combine: DP-FedAvg "
                           "noises a sum of clipped updates, not a vote")  # fmt: skip
     return algorithm, private
+
+
+def _check_adaptive(private: Mapping[str, Any], cohort: int) -> None:
+    """Adaptive clipping noises the clipped count too: the update's multiplier
+    ``(z^-2 - (2 sigma_b)^-2)^(-1/2)`` needs ``z < 2 sigma_b`` (``privacy.private``)."""
+    z, count_noise = private["noise_multiplier"], private["count_noise"]
+    sigma_b = cohort / 20 if count_noise is None else count_noise
+    if not z < 2 * sigma_b:
+        source = ("privacy.count_noise" if count_noise is not None
+                  else f"its default sampler.clients_per_round / 20 = {cohort} / 20")
+        raise ConfigError(
+            f"privacy.adaptive = true needs privacy.noise_multiplier below 2 x privacy.count_noise "
+            f"= {2 * sigma_b:g} ({source}), got {z:g}: the clipped count's noise takes part of "
+            "the budget; lower the noise multiplier or raise privacy.count_noise"
+        )
 
 
 def _privacy_options(config: dict[str, Any]) -> dict[str, float] | None:
