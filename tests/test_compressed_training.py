@@ -245,7 +245,7 @@ def test_an_update_that_is_not_a_model_delta_is_refused():
 def test_compression_table_in_the_config():
     experiment = build(load(None, ["compression.upload='qsgd'", "compression.levels=8"]))
     assert experiment.config["compression"]["upload"] == "qsgd"
-    assert experiment.algorithm.payload is not None
+    assert experiment.algorithm.hook(PayloadBytes) is not None
     with pytest.raises(ConfigError, match="compression.fraktion"):
         build(load(None, ["compression.fraktion=0.1"]))
     with pytest.raises(ConfigError, match=r"\[compression\] top_k: fraction"):

@@ -353,7 +353,7 @@ def build(config: Mapping[str, Any]) -> Experiment:
     model = model_schema.build_model(
         checked.model, checked.model_args, data.example_shape, data.num_classes
     )
-    planned = checked.selection is None and checked.algorithm.freezing is None
+    planned = checked.selection is None and checked.algorithm.hook(Freezing) is None
     sizes.check(config, data, model, checked.work, checked.cohort, planned=planned)
     transforms_schema.check_updates(
         config, checked.untransformed, model, data.train.x, data.train.y
