@@ -259,7 +259,10 @@ def _plan(
     if timing.system is not None:
         plans = plan_run(timing.system, data, spec, setup.round.sampler, rounds=rounds, key=key)
         origin = float(timing.system.policy.start)
-        return plans, schedule_accounting(plans, spec, data.train.count, data.num_clients, origin)
+        readiness = (timing.system.profiles, timing.system.policy)
+        return plans, schedule_accounting(
+            plans, spec, data.train.count, data.num_clients, origin, readiness=readiness
+        )
     return None, None
 
 
@@ -311,6 +314,7 @@ def _run_online(
             data.train.count,
             data.num_clients,
             float(timing.system.policy.start),
+            readiness=(timing.system.profiles, timing.system.policy),
         )
 
     def record(done, block_output, ev):
