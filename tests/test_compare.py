@@ -46,8 +46,8 @@ def test_seeds_group_and_labels_name_what_differs(runs):
     groups = compare.group_runs([results.load(p) for p in runs.values()])
     assert [len(g.runs) for g in groups] == [2, 1]
     assert [r.path.name for r in groups[0].runs] == ["a0", "a1"]
-    assert groups[1].label == "algorithm.client_lr=0.3"
-    assert groups[0].label.startswith("algorithm.client_lr=") and "seed" not in groups[0].label
+    assert groups[1].label == "client_lr=0.3"
+    assert groups[0].label.startswith("client_lr=") and "seed" not in groups[0].label
 
 
 def test_the_table_has_each_groups_figures_and_the_time_to_target(runs, tmp_path):

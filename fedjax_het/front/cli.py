@@ -10,7 +10,7 @@
     fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
     fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
     fedjax-het compare RUN_DIR... [--x round|virtual_hours|bytes|wall_s] [--metric KEY]
-                       [--target VALUE] [--out PLOT.png] [--overwrite]
+                       [--target VALUE] [--label NAME ...] [--out PLOT.png] [--overwrite]
 
 With no config file the default experiment runs (``fedjax_het.front.config.DEFAULTS``).
 A config error stops the command with one line naming the key (and, for a
@@ -178,6 +178,9 @@ def _add_compare(commands) -> None:
     compare.add_argument("--metric", default="test_accuracy",
                          help="the metrics.jsonl key to plot and tabulate (default: test_accuracy)")
     compare.add_argument("--target", type=float, help="a target value of the metric")
+    compare.add_argument("--label", action="append", default=[], metavar="NAME",
+                         help="a short name for each RUN_DIR, in order (else its config's "
+                         "logging.name, else the keys that differ); may be repeated")
     compare.add_argument("--out", default="compare.png",
                          help="the plot's path (default: compare.png); the table goes beside "
                          "it as .md; existing files are kept unless --overwrite")
@@ -245,9 +248,8 @@ def _compare(args: argparse.Namespace) -> int:
     if taken and not args.overwrite:
         return _error(f"{' and '.join(taken)} already exist; choose another --out or --overwrite")
     try:
-        comparison = compare_lib.compare(
-            args.runs, x=args.x, metric=args.metric, target=args.target, figure=figure
-        )
+        comparison = compare_lib.compare(args.runs, x=args.x, metric=args.metric,
+                                         target=args.target, figure=figure, labels=args.label)
         markdown.write_text(comparison.table + "\n")
     except (ValueError, FileNotFoundError) as err:
         return _error(err)
