@@ -38,11 +38,11 @@ def test_never_trained_tells_each_cause_apart():
     }
     totals = {"clients_never_participated": 5, **never_trained(s, 6)}
     (line,) = system_warnings(totals, 6, 6)
-    assert line.startswith("5 of 6 clients never trained: 1 were never selected in 6 rounds")
-    assert "1 were selected but always unavailable (policy.start" in line
-    assert "1 were selected but always late (policy.deadline" in line
-    assert "1 were selected but always dropped (system.dropout)" in line
-    assert "1 were selected but always unavailable, late or dropped in turn" in line
+    assert line.startswith("5 of 6 clients never trained: 1 was never selected in 6 rounds")
+    assert "1 was selected but always unavailable (policy.start" in line
+    assert "1 was selected but always late (policy.deadline" in line
+    assert "1 was selected but always dropped (system.dropout)" in line
+    assert "1 was selected but always unavailable, late or dropped in turn" in line
 
 
 def test_clients_only_unselected_are_not_blamed_on_their_devices():
@@ -109,4 +109,5 @@ def test_hetero_describe_warns_as_a_run_does(tmp_path, capsys):
     assert never > 0 and summary["warnings"][0].startswith(f"{never} of 20 clients never trained")
     assert f"warning: {summary['warnings'][0]}" in out
     unready = s.get("never_selected_never_ready", 0)
-    assert unready > 0 and f"{unready} were never ready when a round started" in out
+    verb = "was" if unready == 1 else "were"
+    assert unready > 0 and f"{unready} {verb} never ready when a round started" in out

@@ -463,9 +463,11 @@ def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace
 
 
 def _default_out(config: dict, prefix: str = "") -> str:
-    """``runs/<prefix><data>-<algorithm>-<time>``, with ``-2``, ``-3``... if that exists."""
+    """``runs/<prefix><data>-<algorithm>-<time>`` (``data describe``'s without the algorithm,
+    which it does not use), with ``-2``, ``-3``... if that exists."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{prefix}{config['data']['name']}-{config['algorithm']['name']}-{stamp}"
+    what = [config["data"]["name"], *([] if prefix == "data-" else [config["algorithm"]["name"]])]
+    base = Path("runs") / f"{prefix}{'-'.join(what)}-{stamp}"
     out, copy = base, 1
     while out.exists():
         copy += 1

@@ -89,18 +89,23 @@ def _never_line(totals: dict[str, Any], num_clients: int, steps: int, what: str)
     unready = totals.get("never_selected_never_ready", 0)
     if unready:
         causes.append(
-            f"{unready} were never ready when a round started, so never selected ("
+            f"{unready} {_were(unready)} never ready when a round started, so never selected ("
             + _OPTIONS["unavailable"].removeprefix("unavailable (")
         )
     if unselected - unready:
         causes.append(
-            f"{unselected - unready} were never selected in {steps} {what} (the sampler's draw, "
+            f"{unselected - unready} {_were(unselected - unready)} never selected in {steps} {what} "
+            "(the sampler's draw, "
             "not their devices: more rounds or sampler.clients_per_round reach them)"
         )
     for name, count in totals["never_trained_because"].items():
         if count:
-            causes.append(f"{count} were selected but always {_OPTIONS[name]}")
+            causes.append(f"{count} {_were(count)} selected but always {_OPTIONS[name]}")
     return f"{never} of {num_clients} clients never trained: " + "; ".join(causes)
+
+
+def _were(count: int) -> str:
+    return "was" if count == 1 else "were"
 
 
 def warnings(totals: dict[str, Any], num_clients: int, steps: int) -> list[str]:
