@@ -191,3 +191,9 @@ def test_logging_errors_are_one_line(tmp_path, capsys):
     assert "[logging] wandb_mode must be one of offline, online" in err
     assert cli.main(["config", "--set", "logging.tensorbord=true"]) == 2
     assert "logging.tensorbord" in capsys.readouterr().err
+
+
+def test_a_mediator_run_refuses_logging_in_one_line(capsys):
+    args = ["config", "--set", "algorithm.name=gandalf", "--set", "logging.tensorboard=true"]
+    assert cli.main(args) == 2
+    assert "takes no [logging] table" in capsys.readouterr().err
