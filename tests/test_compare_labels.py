@@ -12,19 +12,26 @@ from fedjax_het import results
 from fedjax_het.front import cli, compare
 
 BASE = {
-    "seed": 0, "rounds": 4, "eval_every": 2,
+    "seed": 0,
+    "rounds": 4,
+    "eval_every": 2,
     "data": {"name": "fashion_mnist", "num_clients": 100},
     "algorithm": {"name": "fedavg", "client_lr": 0.05, "server_lr": 1.0},
     "engine": {"chunk": 0, "compile_cache": True},
     "logging": {"tensorboard": False},
-}  # fmt: skip
+}
 
 
 def _fedprox_at(lr: float) -> dict:
     """FedProx in place of FedAvg: the choice brings its options (prox_mu, ...) along."""
     config = copy.deepcopy(BASE)
-    config["algorithm"] = {"name": "fedprox", "client_lr": lr, "prox_mu": 0.01,
-                           "server_optimizer": "sgd", "server_momentum": 0.0}  # fmt: skip
+    config["algorithm"] = {
+        "name": "fedprox",
+        "client_lr": lr,
+        "prox_mu": 0.01,
+        "server_optimizer": "sgd",
+        "server_momentum": 0.0,
+    }
     config["engine"]["compile_cache"] = False  # changes nothing computed
     return config
 
@@ -51,11 +58,33 @@ def test_labels_given_by_option_or_config(tmp_path, capsys):
     given = compare.compare(runs, labels=["A", "B"]).groups
     assert [g.label for g in given] == ["A", "B"]
     out = tmp_path / "cmp.png"
-    args = ["compare", *map(str, runs), "--label", "FedAvg", "--label", "FedProx", "--out", str(out)]
+    args = [
+        "compare",
+        *map(str, runs),
+        "--label",
+        "FedAvg",
+        "--label",
+        "FedProx",
+        "--out",
+        str(out),
+    ]
     assert cli.main(args) == 0
     assert "| FedAvg | 1 |" in capsys.readouterr().out
-    assert cli.main(["compare", str(runs[0]), "--label", "x", "--label", "y", "--out",
-                     str(tmp_path / "c2.png")]) == 2  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "compare",
+                str(runs[0]),
+                "--label",
+                "x",
+                "--label",
+                "y",
+                "--out",
+                str(tmp_path / "c2.png"),
+            ]
+        )
+        == 2
+    )
     assert "2 labels for 1 run directories" in capsys.readouterr().err
 
 
@@ -67,8 +96,11 @@ def test_the_legend_sits_outside_the_axes_and_is_not_clipped(tmp_path, label):
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     (legend,) = fig.legends
-    box, axes, whole = legend.get_window_extent(renderer), fig.axes[0].get_window_extent(
-        renderer), fig.bbox  # fmt: skip
+    box, axes, whole = (
+        legend.get_window_extent(renderer),
+        fig.axes[0].get_window_extent(renderer),
+        fig.bbox,
+    )
     assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0 and box.y1 <= whole.y1
     assert box.x0 >= axes.x1  # beside the axes: it covers no curve
     texts = [t.get_text() for t in legend.get_texts()]

@@ -57,9 +57,7 @@ def _scalars(logdir: Path) -> dict[str, dict[int, float]]:
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     events = accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     events.Reload()
-    return {
-        tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]
-    }
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
 def _flat(line: dict, prefix: str = "") -> dict[str, float]:

@@ -291,8 +291,8 @@ SHOWN = [b for b in BLOCKS if any(isinstance(s, Command) and s.output for s in s
 
 
 def test_the_shown_outputs_are_the_ones_checked_at_full_size():
-    assert {b.section for b in SHOWN} >= {"heterogeneity-in-one-config", "differential-privacy",
-                                          "asynchronous-servers-and-stale-updates"}  # fmt: skip
+    expected = {"heterogeneity-in-one-config", "differential-privacy", "compressed-updates"}
+    assert {b.section for b in SHOWN} >= expected
     check_numbers(["a 0.5 (b 1) ... 7 rounds"], "x\na 0.5 (b 1), c 2; 7 rounds\n")
     with pytest.raises(AssertionError):
         check_numbers(["a 0.646 (b 1)"], "a 0.6480 (b 1)\n")

@@ -19,8 +19,11 @@ def _schedule(selected, outcome, valid=None):
 
 
 def test_a_healthy_run_has_no_warnings():
-    totals = {"clients_never_participated": 0, "participation_gini": 0.2,
-              "rounds_nobody_counted": 0}  # fmt: skip
+    totals = {
+        "clients_never_participated": 0,
+        "participation_gini": 0.2,
+        "rounds_nobody_counted": 0,
+    }
     assert system_warnings(totals, 100, 50) == []
 
 
@@ -47,9 +50,13 @@ def test_never_trained_tells_each_cause_apart():
 
 def test_clients_only_unselected_are_not_blamed_on_their_devices():
     # the README's compression example: every outcome ok, 16 of 100 never drawn
-    totals = {"clients_never_participated": 16, "clients_never_selected": 16,
-              "never_trained_because": {"unavailable": 0, "late": 0, "dropped": 0, "mixed": 0},
-              "participation_gini": 0.3, "rounds_nobody_counted": 0}  # fmt: skip
+    totals = {
+        "clients_never_participated": 16,
+        "clients_never_selected": 16,
+        "never_trained_because": {"unavailable": 0, "late": 0, "dropped": 0, "mixed": 0},
+        "participation_gini": 0.3,
+        "rounds_nobody_counted": 0,
+    }
     (line,) = system_warnings(totals, 100, 20)
     assert line.startswith("16 of 100 clients never trained: 16 were never selected in 20 rounds")
     for blamed in ("ready", "FLASH", "late", "dropped", "deadline"):
@@ -57,8 +64,11 @@ def test_clients_only_unselected_are_not_blamed_on_their_devices():
 
 
 def test_concentration_and_empty_rounds():
-    totals = {"clients_never_participated": 0, "participation_gini": 0.99,
-              "rounds_nobody_counted": 7}  # fmt: skip
+    totals = {
+        "clients_never_participated": 0,
+        "participation_gini": 0.99,
+        "rounds_nobody_counted": 7,
+    }
     concentrated, empty = system_warnings(totals, 100, 50)
     assert "Gini 0.99" in concentrated and "system.availability" in concentrated
     assert empty.startswith("7 of 50 rounds aggregated no update") and "policy.deadline" in empty
@@ -73,8 +83,16 @@ def test_the_gini_threshold_and_async_events():
     assert never[0].startswith("2 of 10 clients never trained: none of their updates")
 
 
-SMALL = ["--set", 'data.name="synthetic"', "--set", "data.num_clients=20",
-         "--set", "model.name=logistic_regression", "--set", "sampler.clients_per_round=4"]  # fmt: skip
+SMALL = [
+    "--set",
+    'data.name="synthetic"',
+    "--set",
+    "data.num_clients=20",
+    "--set",
+    "model.name=logistic_regression",
+    "--set",
+    "sampler.clients_per_round=4",
+]
 
 
 def test_a_privacy_budget_that_cuts_the_run_says_so_first_and_last(tmp_path, capsys):
@@ -98,9 +116,25 @@ def test_a_privacy_budget_that_cuts_the_run_says_so_first_and_last(tmp_path, cap
 def test_hetero_describe_warns_as_a_run_does(tmp_path, capsys):
     from fedjax_het.front import cli
 
-    args = ["hetero", "describe", *SMALL, "--set", "rounds=5", "--set", "system.devices=flash",
-            "--set", "system.availability=strict", "--set", "policy.kind=readiness",
-            "--mc-rounds", "5", "--mc-trips", "5", "--out", str(tmp_path / "h")]  # fmt: skip
+    args = [
+        "hetero",
+        "describe",
+        *SMALL,
+        "--set",
+        "rounds=5",
+        "--set",
+        "system.devices=flash",
+        "--set",
+        "system.availability=strict",
+        "--set",
+        "policy.kind=readiness",
+        "--mc-rounds",
+        "5",
+        "--mc-trips",
+        "5",
+        "--out",
+        str(tmp_path / "h"),
+    ]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     summary = json.loads((tmp_path / "h" / "system_summary.json").read_text())

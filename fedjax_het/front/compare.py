@@ -107,10 +107,8 @@ def expand(run_dirs: Sequence[str | Path]) -> list[Path]:
     return paths
 
 
-CHOOSERS = (
-    "algorithm.name", "data.name", "model.name", "partition.kind", "feature_skew.kind",
-    "sampler.name", "selection.name", "policy.kind", "server.mode", "system.devices",
-)  # fmt: skip
+CHOOSERS = ("algorithm.name", "data.name", "model.name", "partition.kind", "feature_skew.kind")
+CHOOSERS += ("sampler.name", "selection.name", "policy.kind", "server.mode", "system.devices")
 """Keys that choose a function: a label names the choice, not the options that follow from it."""
 QUIET = ("seed", "logging.", "distributed.", "engine.compile_cache", "engine.checkpoint_every")
 """Keys that do not change what a run computes: never in a label."""
@@ -133,8 +131,8 @@ def group_runs(
     groups = []
     for runs, label in zip(runs_of, automatic, strict=True):
         given = {_given(r, labels or {}) for r in runs} - {""}
-        groups.append(Group(given.pop() if len(given) == 1 else label or runs[0].path.name,
-                            tuple(runs)))  # fmt: skip
+        name = given.pop() if len(given) == 1 else label or runs[0].path.name
+        groups.append(Group(name, tuple(runs)))
     if len({g.label for g in groups}) < len(groups):  # same configs in different directories
         groups = [dataclasses.replace(g, label=f"{g.label} ({g.runs[0].path.name})") for g in groups]
     return groups
@@ -156,20 +154,20 @@ def short_labels(flats: Sequence[Mapping[str, Any]]) -> list[str]:
     keys that change nothing computed (``QUIET``), and at most ``MOST_KEYS`` of them; a choice
     is written as its value (``fedprox``), an option by its last name (``client_lr=0.1``)."""
     keys = sorted({k for flat in flats for k in flat})
-    differing = [
-        k for k in keys
-        if len({json.dumps(f.get(k), default=str) for f in flats}) > 1 and not k.startswith(QUIET)
-    ]  # fmt: skip
+    values = {k: {json.dumps(f.get(k), default=str) for f in flats} for k in keys}
+    differing = [k for k in keys if len(values[k]) > 1 and not k.startswith(QUIET)]
     chosen = [k for k in CHOOSERS if k in differing]
-    follows = {k for k in differing if any(k.startswith(c.rpartition(".")[0] + ".") for c in chosen)
-               and any(k not in f for f in flats)}  # fmt: skip
+    tables = tuple(c.rpartition(".")[0] + "." for c in chosen)
+    follows = {k for k in differing if k.startswith(tables) and any(k not in f for f in flats)}
     named = chosen + [k for k in differing if k not in chosen and k not in follows]
     leaves = [k.rpartition(".")[2] for k in named]
     short = {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(named, leaves)}
     labels = []
     for flat in flats:
-        parts = [str(flat.get(k, "-")) if k in chosen else f"{short[k]}={flat.get(k, '-')}"
-                 for k in named[:MOST_KEYS]]  # fmt: skip
+        parts = [
+            str(flat.get(k, "-")) if k in chosen else f"{short[k]}={flat.get(k, '-')}"
+            for k in named[:MOST_KEYS]
+        ]
         more = len(named) - MOST_KEYS
         labels.append(", ".join(parts) + (f" +{more} more" if more > 0 else ""))
     return labels

@@ -155,8 +155,8 @@ def _commented(table: str, doc: str, resolved: Mapping[str, Any]) -> list[str]:
         return [f"# {line}" for line in block]
     leaf = chooser.partition(".")[2]
     choices = config_lib.options(resolved)[chooser].choices
-    block = [*_comment(f"optional: {doc}; {chooser} chooses its other keys: each choice below "
-                       "with the keys it takes"), f"[{table}]"]  # fmt: skip
+    said = f"optional: {doc}; {chooser} chooses its other keys: each choice below with its keys"
+    block = [*_comment(said), f"[{table}]"]
     for i, name in enumerate(choices):
         values = {leaf: name}
         lines = _lines(config_lib.options({**resolved, table: values}), table, values)

@@ -297,11 +297,11 @@ def run(
     start = time.perf_counter()
     for k, program in enumerate(grid.programs):
         dirs = [out / f"cell-{i:03d}" for i in program.cells]
+        cells = [grid.cells[i] for i in program.cells]
         loggers = [  # one logged run per cell, grouped under the sweep's folder name
-            logs.open_loggers(grid.cells[i].config, d, name=f"{d.name} {grid.cells[i].name}",
-                              group=out.name)
-            for i, d in zip(program.cells, dirs)
-        ]  # fmt: skip
+            logs.open_loggers(c.config, d, name=f"{d.name} {c.name}", group=out.name)
+            for c, d in zip(cells, dirs)
+        ]
         done: list[simulate.History] = []
         try:
             done = _run_program(grid, program, k, out, dirs, loggers, progress=progress,
