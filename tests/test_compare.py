@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import results
-from fedjax_het.front import cli, compare
+from fedjax_het.front import cli, compare, summary_lines
 
 SYSTEM = [
     "rounds=6", "eval_every=3", "data.num_clients=12", "sampler.clients_per_round=4",
@@ -46,8 +46,8 @@ def test_seeds_group_and_labels_name_what_differs(runs):
     groups = compare.group_runs([results.load(p) for p in runs.values()])
     assert [len(g.runs) for g in groups] == [2, 1]
     assert [r.path.name for r in groups[0].runs] == ["a0", "a1"]
-    assert groups[1].label == "algorithm.client_lr=0.3"
-    assert groups[0].label.startswith("algorithm.client_lr=") and "seed" not in groups[0].label
+    assert groups[1].label == "client_lr=0.3"
+    assert groups[0].label.startswith("client_lr=") and "seed" not in groups[0].label
 
 
 def test_the_table_has_each_groups_figures_and_the_time_to_target(runs, tmp_path):
@@ -88,12 +88,12 @@ def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys):
 
 def test_the_end_of_a_run_with_a_system_says_what_it_cost(runs):
     summary = results.load(runs["a0"]).summary
-    lines = cli._system_lines(summary, 12)
+    lines = summary_lines.system_lines(summary, 12)
     assert lines[0].startswith(f"system: {summary['virtual_s'] / 3600:.3g} virtual hours")
     assert f"outcomes ok {summary['outcomes']['ok']}" in lines[0] and " up" in lines[0]
     never = summary["clients_never_participated"]
     assert lines[1] == (f"participation: Gini {summary['participation_gini']:.3f}, "
                         f"{never} of 12 clients never trained")  # fmt: skip
     assert lines[2].startswith("to accuracy: 0.5 ")
-    assert "at event" in cli._system_lines(summary, 12, "event")[2] or "not reached" in lines[2]
-    assert cli._system_lines({"rounds": 3, "final_test_accuracy": 0.5}, 12) == []
+    assert "at event" in summary_lines.system_lines(summary, 12, "event")[2] or "not reached" in lines[2]
+    assert summary_lines.system_lines({"rounds": 3, "final_test_accuracy": 0.5}, 12) == []

@@ -16,7 +16,7 @@ def test_each_call_without_out_writes_a_new_directory(tmp_path, monkeypatch):
     for _ in range(2):
         assert cli.main(["data", "describe", *SMALL]) == 0
     made = sorted(p.name for p in (tmp_path / "runs").iterdir())
-    assert made == ["data-synthetic-fedavg-20261126-120000", "data-synthetic-fedavg-20261126-120000-2"]
+    assert made == ["data-synthetic-20261126-120000", "data-synthetic-20261126-120000-2"]
     assert all((tmp_path / "runs" / name / "data_summary.json").is_file() for name in made)
 
 

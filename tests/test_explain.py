@@ -126,7 +126,7 @@ def test_uncommenting_an_optional_table_gives_a_config_that_builds(tmp_path, cap
     text = _all(capsys, CENTRALISED)
     blocks = _blocks(text)
     assert set(blocks) == {"feature_skew", "system", "policy", "selection", "server",
-                           "compression", "privacy"}  # fmt: skip
+                           "compression", "privacy", "logging"}  # fmt: skip
     for table, block in blocks.items():
         needed = [blocks["system"]] if table == "selection" else []
         path = tmp_path / f"{table}.toml"
@@ -144,3 +144,23 @@ def test_config_all_of_every_algorithm_builds(name, tmp_path, capsys):
     rebuilt = config.build(config.load(path))
     assert rebuilt.config["algorithm"]["name"] == name
     assert rebuilt.hyper.items() >= config.build(config.load(None, overrides)).hyper.items()
+
+
+def test_config_all_lists_every_choice_of_an_optional_table_with_its_keys(capsys):
+    selection = _blocks(_all(capsys, CENTRALISED))["selection"]
+    choices, current = {}, None
+    for line in selection.splitlines():  # uncommented once: the first choice live, others "# "
+        text = line.removeprefix("# ")
+        if text.startswith("name = "):
+            current = choices.setdefault(tomllib.loads(text)["name"], [])
+        elif current is not None and " = " in text:
+            key = text.split(" = ")[0]  # "# key = (its type; none: ...)": a required key
+            if not key.startswith("#") or text.split(" = ")[1].startswith("("):
+                current.append(key.removeprefix("# "))
+    assert set(choices) == set(registry.names("selection"))
+    with_system = config.load(None, [*CENTRALISED, 'system.devices="lognormal"'])
+    for name, keys in choices.items():
+        table = {**with_system, "selection": {"name": name}}
+        expected = {k.split(".")[1] for k in config.options(table) if k.startswith("selection.")}
+        assert set(keys) == expected - {"name"}, name
+    assert "# candidates = (an integer of 32 bits; none: it must be given)" in selection

@@ -39,6 +39,9 @@ HEREDOC = re.compile(r"<<-?\s*'?\"?(\w+)'?\"?")
 PLACEHOLDER = re.compile(r"\[|\b[A-Z][A-Z_]{2,}\b")
 SHORT = ["--set", "rounds=2", "--set", "eval_every=1", "--no-progress"]
 SHORT_DESCRIBE = ["--set", "rounds=2", "--mc-rounds", "50", "--mc-trips", "200"]
+# A full-size run as a user's single-device process runs it (conftest gives this process four
+# CPU devices, whose cross-device sum orders the cohort's additions differently).
+ONE_DEVICE = ["--set", "engine.devices=1", "--no-progress"]
 
 
 @dataclasses.dataclass
@@ -196,22 +199,35 @@ def check_output(shown: list[str], printed: str) -> None:
             assert any(p.startswith(start) for p in lines), (start, printed)
 
 
-def run_here(command: Command, folder: Path, monkeypatch, capsys) -> None:
+def check_numbers(shown: list[str], printed: str) -> None:
+    """Every piece of each shown line between its ``...`` elisions, numbers included, is in
+    one of the printed lines (what the full-size run prints, to the digit)."""
+    lines = [line.strip() for line in printed.splitlines()]
+    for line in shown:
+        for piece in (p.strip() for p in line.split("...")):
+            assert not piece or any(piece in p for p in lines), (piece, printed)
+
+
+def run_here(command: Command, folder: Path, monkeypatch, capsys, full: bool = False) -> None:
     monkeypatch.chdir(folder / command.cwd)
     if command.how == "srun":  # no SLURM here: the arguments parse and the config is valid
         args = cli.parser().parse_args(command.argv)
         config.cluster(config.load(args.config, args.set))
         return
     capsys.readouterr()
-    code = cli.main(shortened(command.argv))
+    code = cli.main([*command.argv, *ONE_DEVICE] if full else shortened(command.argv))
     printed = capsys.readouterr()
     assert code == 0, (command.argv, printed.out, printed.err)
-    check_output(command.output, printed.out + printed.err)
+    (check_numbers if full else check_output)(command.output, printed.out + printed.err)
 
 
-def run_block(block: Block, folder: Path, monkeypatch, capsys) -> None:
+def run_block(block: Block, folder: Path, monkeypatch, capsys, full: bool = False) -> None:
+    """Runs ``block``'s steps, shortened; ``full``: as written, only the commands that show
+    their output (and the shell lines before them), checking every number they show."""
     started: list[Command] = []
     for step in [*steps(block.text), None]:
+        if full and isinstance(step, Command) and not step.output:
+            continue
         if started and not (isinstance(step, Command) and step.how == "ssh"):
             start_processes(started, folder)
             started = []
@@ -225,7 +241,7 @@ def run_block(block: Block, folder: Path, monkeypatch, capsys) -> None:
         elif isinstance(step, Command) and step.how == "ssh":
             started.append(step)
         elif isinstance(step, Command):
-            run_here(step, folder, monkeypatch, capsys)
+            run_here(step, folder, monkeypatch, capsys, full)
 
 
 BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
@@ -272,3 +288,20 @@ def test_steps_split_shell_commands_and_their_output():
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
 def test_readme_example_runs(block, tmp_path, monkeypatch, capsys):
     run_block(block, tmp_path, monkeypatch, capsys)
+
+
+SHOWN = [b for b in BLOCKS if any(isinstance(s, Command) and s.output for s in steps(b.text))]
+
+
+def test_the_shown_outputs_are_the_ones_checked_at_full_size():
+    expected = {"heterogeneity-in-one-config", "differential-privacy", "compressed-updates"}
+    assert {b.section for b in SHOWN} >= expected
+    check_numbers(["a 0.5 (b 1) ... 7 rounds"], "x\na 0.5 (b 1), c 2; 7 rounds\n")
+    with pytest.raises(AssertionError):
+        check_numbers(["a 0.646 (b 1)"], "a 0.6480 (b 1)\n")
+
+
+@pytest.mark.slow  # the README's numbers at the README's sizes: each block's full run
+@pytest.mark.parametrize("block", SHOWN, ids=[block.id for block in SHOWN])
+def test_readme_numbers_at_full_size(block, tmp_path, monkeypatch, capsys):
+    run_block(block, tmp_path, monkeypatch, capsys, full=True)

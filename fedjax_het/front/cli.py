@@ -10,7 +10,7 @@
     fedjax-het data describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
     fedjax-het hetero describe [CONFIG.toml] [--set key=value ...] [--out DIR] [--overwrite]
     fedjax-het compare RUN_DIR... [--x round|virtual_hours|bytes|wall_s] [--metric KEY]
-                       [--target VALUE] [--out PLOT.png] [--overwrite]
+                       [--target VALUE] [--label NAME ...] [--out PLOT.png] [--overwrite]
 
 With no config file the default experiment runs (``fedjax_het.front.config.DEFAULTS``).
 A config error stops the command with one line naming the key (and, for a
@@ -32,10 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedjax_het import results
-from fedjax_het.engine.client_store import format_bytes
-from fedjax_het.front import compare as compare_lib  # noqa: I001
+from fedjax_het.front import compare as compare_lib
 from fedjax_het.front import config as config_lib
-from fedjax_het.front import explain
+from fedjax_het.front import explain, logs, summary_lines
 from fedjax_het.results import NotWritten, OutDirError
 from fedjax_het.training import checkpoint, compilation, distributed, interrupt
 from fedjax_het.training.checkpoint import CheckpointError
@@ -179,6 +178,9 @@ def _add_compare(commands) -> None:
     compare.add_argument("--metric", default="test_accuracy",
                          help="the metrics.jsonl key to plot and tabulate (default: test_accuracy)")
     compare.add_argument("--target", type=float, help="a target value of the metric")
+    compare.add_argument("--label", action="append", default=[], metavar="NAME",
+                         help="a short name for each RUN_DIR, in order (else its config's "
+                         "logging.name, else the keys that differ); may be repeated")
     compare.add_argument("--out", default="compare.png",
                          help="the plot's path (default: compare.png); the table goes beside "
                          "it as .md; existing files are kept unless --overwrite")
@@ -246,9 +248,8 @@ def _compare(args: argparse.Namespace) -> int:
     if taken and not args.overwrite:
         return _error(f"{' and '.join(taken)} already exist; choose another --out or --overwrite")
     try:
-        comparison = compare_lib.compare(
-            args.runs, x=args.x, metric=args.metric, target=args.target, figure=figure
-        )
+        comparison = compare_lib.compare(args.runs, x=args.x, metric=args.metric,
+                                         target=args.target, figure=figure, labels=args.label)
         markdown.write_text(comparison.table + "\n")
     except (ValueError, FileNotFoundError) as err:
         return _error(err)
@@ -303,16 +304,23 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
     if experiment.mediated is not None:
         return _run_mediated(experiment, args)
     out = args.out
+    for note in experiment.notes:  # before the progress bar, which counts the rounds run
+        print(f"note: {note}", file=sys.stderr)
     try:
-        history = simulate.run(
-            experiment.data,
-            *experiment.options(
-                progress=not args.no_progress,
-                out_dir=out,
-                config=experiment.config,
-                resume=bool(args.resume),
-                overwrite=args.overwrite,
+        history = logs.logged(
+            lambda on_eval: simulate.run(
+                experiment.data,
+                *experiment.options(
+                    progress=not args.no_progress,
+                    out_dir=out,
+                    config=experiment.config,
+                    resume=bool(args.resume),
+                    overwrite=args.overwrite,
+                    on_eval=on_eval,
+                ),
             ),
+            experiment.config,
+            out,
         )
     except Diverged as err:
         if distributed.writes_results():
@@ -339,10 +347,11 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
         f"per-client mean {s['client_accuracy_mean']:.4f}, worst {s['client_accuracy_min']:.4f}; "
         f"{s['rounds']} {steps} in {s['wall_s']:.1f} s; results in {history.out_dir}"
     )
-    for line in _system_lines(s, experiment.data.num_clients, steps.split()[-1][:-1]):
+    for line in summary_lines.system_lines(s, experiment.data.num_clients, steps.split()[-1][:-1]):
         print(line)
-    for warning in s.get("warnings", ()):
-        print(f"warning: {warning}", file=sys.stderr)
+    for line in [*(f"note: {n}" for n in experiment.notes), *(f"warning: {w}" for w in
+                                                                s.get("warnings", ()))]:
+        print(line, file=sys.stderr)
     if "staleness_histogram" in s:
         print(
             f"asynchronous server: {s['applied']} updates applied, {s['discarded']} discarded as "
@@ -357,36 +366,6 @@ def _run(experiment: config_lib.Experiment, args: argparse.Namespace) -> int:
             f"q = {p['sampling_rate']:.3g}; {p['epsilon_fixed_size']:.3g} for the fixed-size cohort)"
         )
     return 0
-
-
-def _system_lines(summary: dict, num_clients: int, step: str = "round") -> list[str]:
-    """What a run with a system cost: virtual time, outcomes, bytes, participation, and the
-    round, virtual time and bytes at which each target accuracy was first reached."""
-    if "virtual_s" not in summary:
-        return []
-    s = summary
-    outcomes = ", ".join(f"{name} {count}" for name, count in s.get("outcomes", {}).items())
-    lines = [
-        f"system: {s['virtual_s'] / 3600:.3g} virtual hours ({s['virtual_s']:.1f} s); "
-        + (f"outcomes {outcomes}; " if outcomes else "")
-        + f"{format_bytes(s['bytes_down'])} down, {format_bytes(s['bytes_up'])} up"
-    ]
-    if "participation_gini" in s:
-        lines.append(
-            f"participation: Gini {s['participation_gini']:.3f}, "
-            f"{s['clients_never_participated']} of {num_clients} clients never trained"
-        )
-    reached = []
-    for target, hit in s.get("to_accuracy", {}).items():
-        if hit is None:
-            reached.append(f"{target} not reached")
-        elif "virtual_s" in hit:
-            moved = hit.get("bytes_down", 0.0) + hit.get("bytes_up", 0.0)
-            reached.append(f"{target} at {step} {hit['round']}, {hit['virtual_s'] / 3600:.3g} "
-                           f"virtual h, {format_bytes(moved)}")  # fmt: skip
-    if reached:
-        lines.append("to accuracy: " + "; ".join(reached))
-    return lines
 
 
 def _interrupted(err: Interrupted, resume: str, out: str | Path) -> int:
@@ -484,7 +463,8 @@ def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace
         cohort_size=min(20, experiment.data.num_clients), rounds=args.mc_rounds,
         trips=args.mc_trips,
     )
-    summary = report.describe(experiment.system.profiles, plans, args.out, key=key, mc=mc)
+    summary = report.describe(experiment.system.profiles, plans, args.out, key=key, mc=mc,
+                              policy=experiment.system.policy)
     print(report.format_report(summary))
     print(f"saved system_summary.json, timeline.png, availability.png, participation.png "
           f"in {args.out}")
@@ -492,9 +472,11 @@ def _describe_system(experiment: config_lib.Experiment, args: argparse.Namespace
 
 
 def _default_out(config: dict, prefix: str = "") -> str:
-    """``runs/<prefix><data>-<algorithm>-<time>``, with ``-2``, ``-3``... if that exists."""
+    """``runs/<prefix><data>-<algorithm>-<time>`` (``data describe``'s without the algorithm,
+    which it does not use), with ``-2``, ``-3``... if that exists."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{prefix}{config['data']['name']}-{config['algorithm']['name']}-{stamp}"
+    what = [config["data"]["name"], *([] if prefix == "data-" else [config["algorithm"]["name"]])]
+    base = Path("runs") / f"{prefix}{'-'.join(what)}-{stamp}"
     out, copy = base, 1
     while out.exists():
         copy += 1

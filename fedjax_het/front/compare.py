@@ -64,13 +64,16 @@ def compare(
     metric: str = "test_accuracy",
     target: float | None = None,
     figure: str | Path | None = None,
+    labels: Sequence[str] = (),
 ) -> Comparison:
     """Reads the runs (a sweep's directory stands for its ``cell-NNN`` runs), groups seeds,
     writes the figure of ``metric`` against ``x`` to ``figure`` (when given) and returns the
-    Markdown table (with rounds, virtual hours and MB to ``target`` when given).
+    Markdown table (with rounds, virtual hours and MB to ``target`` when given). ``labels``:
+    short names of the ``run_dirs``, in their order (``group_runs``).
 
     Raises:
-      ValueError: (one line) an unknown ``x``, no runs, or a run without ``metric``.
+      ValueError: (one line) an unknown ``x``, no runs, a run without ``metric``, or more
+        labels than run directories.
       FileNotFoundError: (one line) a path that is not a run or sweep directory.
     """
     if x not in X_AXES:
@@ -79,7 +82,9 @@ def compare(
     missing = [str(r.path) for r in records if not any(metric in m for m in r.metrics)]
     if missing:
         raise ValueError(f"no {metric!r} in the metrics of {', '.join(missing)}")
-    groups = group_runs(records)
+    if len(labels) > len(run_dirs):
+        raise ValueError(f"{len(labels)} labels for {len(run_dirs)} run directories")
+    groups = group_runs(records, {Path(d).resolve(): name for d, name in zip(run_dirs, labels)})
     if figure is not None:
         figure = Path(figure)
         plot(groups, x, metric, figure)
@@ -102,22 +107,70 @@ def expand(run_dirs: Sequence[str | Path]) -> list[Path]:
     return paths
 
 
-def group_runs(records: Sequence[RunRecord]) -> list[Group]:
-    """Groups runs by their config without ``seed``; labels name the keys that differ."""
+CHOOSERS = ("algorithm.name", "data.name", "model.name", "partition.kind", "feature_skew.kind")
+CHOOSERS += ("sampler.name", "selection.name", "policy.kind", "server.mode", "system.devices")
+"""Keys that choose a function: a label names the choice, not the options that follow from it."""
+QUIET = ("seed", "logging.", "distributed.", "engine.compile_cache", "engine.checkpoint_every")
+"""Keys that do not change what a run computes: never in a label."""
+MOST_KEYS = 3
+"""Keys an automatic label names at most (then "+N more")."""
+
+
+def group_runs(
+    records: Sequence[RunRecord], labels: Mapping[Path, str] | None = None
+) -> list[Group]:
+    """Groups runs by their config without ``seed``. A group's label is, in order: the
+    ``labels`` entry of its run directory (or of the sweep holding it), its runs'
+    ``logging.name``, or the keys that differ between the groups (``short_labels``)."""
     keyed: dict[str, list[RunRecord]] = {}
     for record in records:
         config = {k: v for k, v in _flat(record.config).items() if k != "seed"}
         keyed.setdefault(json.dumps(config, sort_keys=True, default=str), []).append(record)
-    flats = [_flat(runs[0].config) for runs in keyed.values()]
-    keys = sorted({k for flat in flats for k in flat} - {"seed"})
-    differing = [k for k in keys if len({json.dumps(f.get(k), default=str) for f in flats}) > 1]
+    runs_of = list(keyed.values())
+    automatic = short_labels([_flat(runs[0].config) for runs in runs_of])
     groups = []
-    for flat, runs in zip(flats, keyed.values(), strict=True):
-        label = ", ".join(f"{k}={flat.get(k, '-')}" for k in differing)
-        groups.append(Group(label or runs[0].path.name, tuple(runs)))
+    for runs, label in zip(runs_of, automatic, strict=True):
+        given = {_given(r, labels or {}) for r in runs} - {""}
+        name = given.pop() if len(given) == 1 else label or runs[0].path.name
+        groups.append(Group(name, tuple(runs)))
     if len({g.label for g in groups}) < len(groups):  # same configs in different directories
-        groups = [dataclasses.replace(g, label=f"{g.label} ({g.runs[0].path})") for g in groups]
+        groups = [dataclasses.replace(g, label=f"{g.label} ({g.runs[0].path.name})") for g in groups]
     return groups
+
+
+def _given(record: RunRecord, labels: Mapping[Path, str]) -> str:
+    """The label given to a run: by ``--label`` (its directory's or its sweep's), else its
+    config's ``logging.name``; "" : none."""
+    path = Path(record.path).resolve()
+    for where in (path, path.parent):
+        if where in labels:
+            return labels[where]
+    return str(record.config.get("logging", {}).get("name", ""))
+
+
+def short_labels(flats: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One label per flattened config: the keys whose values differ between them, without the
+    options a differing choice brings along (FedProx's ``prox_mu`` beside ``algorithm.name``),
+    keys that change nothing computed (``QUIET``), and at most ``MOST_KEYS`` of them; a choice
+    is written as its value (``fedprox``), an option by its last name (``client_lr=0.1``)."""
+    keys = sorted({k for flat in flats for k in flat})
+    values = {k: {json.dumps(f.get(k), default=str) for f in flats} for k in keys}
+    differing = [k for k in keys if len(values[k]) > 1 and not k.startswith(QUIET)]
+    chosen = [k for k in CHOOSERS if k in differing]
+    tables = tuple(c.rpartition(".")[0] + "." for c in chosen)
+    follows = {k for k in differing if k.startswith(tables) and any(k not in f for f in flats)}
+    named = chosen + [k for k in differing if k not in chosen and k not in follows]
+    leaves = [k.rpartition(".")[2] for k in named]
+    short = {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(named, leaves)}
+    labels = []
+    for flat in flats:
+        parts = [
+            str(flat.get(k, "-")) if k in chosen else f"{short[k]}={flat.get(k, '-')}"
+            for k in named[:MOST_KEYS]
+        ]
+        more = len(named) - MOST_KEYS
+        labels.append(", ".join(parts) + (f" +{more} more" if more > 0 else ""))
+    return labels
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -203,29 +256,41 @@ def _to_target(hits: Sequence[float | None]) -> str:
 
 
 def plot(groups: Sequence[Group], x: str, metric: str, path: Path) -> None:
+    """Saves ``figure``'s plot to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(groups, x, metric)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(groups: Sequence[Group], x: str, metric: str):
     """``metric`` against ``x``, one line per group (the mean over its seeds, evaluation by
-    evaluation) with the min-max band of its seeds."""
+    evaluation) with the min-max band of its seeds; the legend outside the axes, on their
+    right, its labels wrapped at 28 characters, the figure widened to hold it (constrained
+    layout: nothing clipped, no curve covered)."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
     for group in groups:
         length = min(len(r.metrics) for r in group.runs)
         xs = np.stack([x_values(r, x)[:length] for r in group.runs])
         ys = np.stack([_aligned(r, metric)[:length] for r in group.runs])
         at = np.nanmean(xs, axis=0)
-        (line,) = ax.plot(at, np.nanmean(ys, axis=0), label=f"{group.label} (n={len(group.runs)})")
+        label = textwrap.fill(f"{group.label} (n={len(group.runs)})", 28)
+        (line,) = ax.plot(at, np.nanmean(ys, axis=0), label=label)
         if len(group.runs) > 1:
             ax.fill_between(at, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0),
                             color=line.get_color(), alpha=0.2)  # fmt: skip
     ax.set(xlabel=X_AXES[x], ylabel=metric)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.legend(loc="outside right upper", fontsize="small")
+    return fig
 
 
 def _aligned(record: RunRecord, metric: str) -> np.ndarray:

@@ -63,6 +63,9 @@ of the experiment; anything left out takes the default of :data:`DEFAULTS`::
     upload = "top_k"    # none, float16, bfloat16, qsgd, terngrad, sign, scaled_sign, random_k
     fraction = 0.01     # (levels for qsgd), error_feedback = true, download = "float16"
 
+    [logging]           # optional: live curves (fedjax_het.front.logs): TensorBoard, W&B
+    tensorboard = true  # event files in <out>/tensorboard; wandb = true: a W&B run (offline)
+
     [distributed]       # optional: several processes/hosts (fedjax_het.training.distributed.Cluster)
     enabled = true
 
@@ -83,7 +86,8 @@ configures: the top-level numbers, [engine] and [distributed] in ``fedjax_het.tr
 [data], [partition], [feature_skew] and [local] in ``fedjax_het.data.schema``; [model] in
 ``fedjax_het.front.model_schema``; [algorithm] in ``fedjax_het.engine.schema`` (a mediator run's in
 ``fedjax_het.gandalf.schema``); [sampler], [system], [policy], [server] and [selection] in
-``fedjax_het.system.schema``; [compression] and [privacy] in ``fedjax_het.transforms.schema``.
+``fedjax_het.system.schema``; [compression] and [privacy] in ``fedjax_het.transforms.schema``;
+[logging] in ``fedjax_het.front.logs``.
 They share the machinery of ``fedjax_het.schema``. This module assembles them: the
 defaults, ``load``, ``options`` (every key with its type, default and description: what
 ``fedjax-het config --all`` and ``fedjax-het explain`` print, ``fedjax_het.front.explain``),
@@ -111,7 +115,7 @@ from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine import schema as algorithm_schema
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.hooks import Freezing
-from fedjax_het.front import model_schema
+from fedjax_het.front import logs, model_schema
 from fedjax_het.front.toml_input import parse_override, read, shallow
 from fedjax_het.gandalf import schema as gandalf_schema
 from fedjax_het.gandalf.pipeline import GandalfOptions
@@ -147,10 +151,10 @@ __all__ = [
 _ORDER = (
     "seed", "rounds", "eval_every", "data", "partition", "feature_skew", "model", "algorithm",
     "sampler", "local", "engine", "system", "policy", "selection", "server", "compression",
-    "privacy", "distributed",
+    "privacy", "logging", "distributed",
 )  # fmt: skip
 _TABLES = (training_schema, data_schema, model_schema, algorithm_schema, system_schema,
-           transforms_schema)  # fmt: skip
+           transforms_schema, logs)  # fmt: skip
 DEFAULTS: dict[str, Any] = dict(
     sorted(
         ((k, v) for table in _TABLES for k, v in table.DEFAULTS.items()),
@@ -190,6 +194,7 @@ class Experiment:
     select: Callable | None = None
     server: events.AsyncServer | None = None
     mediated: GandalfOptions | None = None  # algorithm.name "gandalf" or "mediator"
+    notes: tuple[str, ...] = ()  # what the config changed that it does not say (printed)
 
     def options(self, **overrides: Any) -> RunOptions:
         """The option groups of :func:`fedjax_het.training.simulate.run` this config asks for,
@@ -278,6 +283,7 @@ def options(config: Mapping[str, Any]) -> dict[str, Key]:
         **(gandalf_schema.keys(config) if mediated else algorithm_schema.keys(config)),
         **system_schema.keys(config),
         **transforms_schema.keys(),
+        **logs.keys(),
     }
     if "algorithm.name" in out:
         out["algorithm.name"] = gandalf_schema.name_key()
@@ -346,10 +352,13 @@ def build(config: Mapping[str, Any]) -> Experiment:
     if clusters is not None and clusters > num_clients:
         raise ConfigError(f"algorithm.num_clusters must be at most the {num_clients} clients of "
                           f"the data (each client joins one cluster), got {clusters}")
+    notes = ()
     if checked.private is not None:
+        asked = config["rounds"]
         config["rounds"] = transforms_schema.rounds_within_budget(
-            checked.private, config["rounds"], checked.cohort, num_clients
+            checked.private, asked, checked.cohort, num_clients
         )
+        notes = transforms_schema.budget_notes(checked.private, asked, config["rounds"])
     model = model_schema.build_model(
         checked.model, checked.model_args, data.example_shape, data.num_classes
     )
@@ -370,7 +379,7 @@ def build(config: Mapping[str, Any]) -> Experiment:
     mediated = None if checked.mediated is None else checked.mediated.options
     return Experiment(
         data, model, algorithm, sampler, checked.work, checked.hyper, config, system, select,
-        checked.server, mediated,
+        checked.server, mediated, notes,
     )  # fmt: skip
 
 
@@ -448,6 +457,7 @@ def _check_tables(config: dict[str, Any]) -> _Checked:
     )  # fmt: skip
     representable(config, config["engine"]["precision"])
     _applies(config, given)
+    logs.options(config)
     return _Checked(
         dataset, data_args, partition, skew, work, model, model_args, algorithm, untransformed,
         hyper, mediated, private, sampler, cohort, system, selection, server,

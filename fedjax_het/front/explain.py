@@ -27,7 +27,7 @@ CHOOSING = (
 )  # fmt: skip
 """The keys whose value chooses the other keys of their table."""
 OPTIONAL = ("feature_skew", "system", "policy", "selection", "server", "compression", "privacy",
-            "distributed")  # fmt: skip
+            "logging", "distributed")  # fmt: skip
 """The tables a config may leave out; ``config --all`` writes them commented out."""
 
 
@@ -145,15 +145,25 @@ def _applies(table: str, resolved: Mapping[str, Any]) -> bool:
 
 
 def _commented(table: str, doc: str, resolved: Mapping[str, Any]) -> list[str]:
-    """The optional ``table`` with its keys, commented out; a table that names a choice takes
-    the first one."""
+    """The optional ``table`` with its keys, commented out. A table whose key names a choice
+    (``selection.name``) lists every choice with the keys it takes, grouped by choice: the
+    first ready to uncomment, the others commented once more."""
     chooser = next((c for c in CHOOSING if c.startswith(f"{table}.")), None)
-    values: dict[str, Any] = {}
-    options = config_lib.options(resolved)
-    if chooser is not None:
-        values[chooser.partition(".")[2]] = options[chooser].choices[0]
-        options = config_lib.options({**resolved, table: values})
-    block = [*_comment(f"optional: {doc}"), f"[{table}]", *_lines(options, table, values)]
+    if chooser is None:
+        options = config_lib.options(resolved)
+        block = [*_comment(f"optional: {doc}"), f"[{table}]", *_lines(options, table, {})]
+        return [f"# {line}" for line in block]
+    leaf = chooser.partition(".")[2]
+    choices = config_lib.options(resolved)[chooser].choices
+    said = f"optional: {doc}; {chooser} chooses its other keys: each choice below with its keys"
+    block = [*_comment(said), f"[{table}]"]
+    for i, name in enumerate(choices):
+        values = {leaf: name}
+        lines = _lines(config_lib.options({**resolved, table: values}), table, values)
+        if i:  # the chooser's description once, above the first choice
+            lines = ["or instead:", *lines[lines.index(f"{leaf} = {_value(name)}") :]]
+            lines = ["", *(f"# {line}" for line in lines)]
+        block += lines
     return [f"# {line}" for line in block]
 
 

@@ -47,6 +47,7 @@ from typing import Any
 from fedjax_het import results
 from fedjax_het.engine.hooks import Freezing
 from fedjax_het.front import config as config_lib
+from fedjax_het.front import logs
 from fedjax_het.front.config import ConfigError, Experiment
 from fedjax_het.front.sweep import Cell, stack_key, sweep
 from fedjax_het.system.setup import System
@@ -296,35 +297,56 @@ def run(
     by_cell: dict[int, simulate.History] = {}
     start = time.perf_counter()
     for k, program in enumerate(grid.programs):
-        exp = program.experiment
         dirs = [out / f"cell-{i:03d}" for i in program.cells]
-        if program.swept:
-            kwargs = exp.run_kwargs()
-            for key in ("seed", "hyper", "system", "select", "server"):
-                kwargs.pop(key)
-            cells = [grid.cells[i] for i in program.cells]
-            done = sweep(
-                exp.data, exp.model, exp.algorithm, exp.sampler, **kwargs, progress=progress,
-                cells_at_once=cells_at_once, checkpoints=out / "checkpoints" / f"program-{k}",
-                resume=resume, overwrite=overwrite,
-                cells=[Cell(c.seed, c.hyper, c.system, d, c.config) for c, d in zip(cells, dirs)],
-            )
-        else:
-            done = [simulate.run(
-                exp.data,
-                *exp.options(
-                    progress=progress,
-                    out_dir=dirs[0],
-                    config=exp.config,
-                    resume=resume and (dirs[0] / checkpoint.FILE).is_file(),
-                    overwrite=overwrite or resume,
-                ),
-            )]
+        cells = [grid.cells[i] for i in program.cells]
+        loggers = [  # one logged run per cell, grouped under the sweep's folder name
+            logs.open_loggers(c.config, d, name=f"{d.name} {c.name}", group=out.name)
+            for c, d in zip(cells, dirs)
+        ]
+        done: list[simulate.History] = []
+        try:
+            done = _run_program(grid, program, k, out, dirs, loggers, progress=progress,
+                                cells_at_once=cells_at_once, resume=resume, overwrite=overwrite)
+        finally:
+            for logged, history in itertools.zip_longest(loggers, done):
+                logged.finish(history)
         by_cell.update(zip(program.cells, done))
     histories = [by_cell[i] for i in range(len(grid.cells))]
     if writes:
         write(grid, histories, out, wall_s=time.perf_counter() - start)
     return histories
+
+
+def _run_program(
+    grid: Plan, program: Program, k: int, out: Path, dirs: Sequence[Path],
+    loggers: Sequence[logs.Loggers], *, progress: bool, cells_at_once: int | None, resume: bool,
+    overwrite: bool,
+) -> list[simulate.History]:
+    """The histories of one program's cells: one ``sweep``, or one ``simulate.run``."""
+    exp = program.experiment
+    if program.swept:
+        kwargs = exp.run_kwargs()
+        for key in ("seed", "hyper", "system", "select", "server"):
+            kwargs.pop(key)
+        cells = [grid.cells[i] for i in program.cells]
+        return sweep(
+            exp.data, exp.model, exp.algorithm, exp.sampler, **kwargs, progress=progress,
+            cells_at_once=cells_at_once, checkpoints=out / "checkpoints" / f"program-{k}",
+            resume=resume, overwrite=overwrite,
+            cells=[Cell(c.seed, c.hyper, c.system, d, c.config, logged.on_eval)
+                   for c, d, logged in zip(cells, dirs, loggers)],
+        )  # fmt: skip
+    return [simulate.run(
+        exp.data,
+        *exp.options(
+            progress=progress,
+            out_dir=dirs[0],
+            config=exp.config,
+            resume=resume and (dirs[0] / checkpoint.FILE).is_file(),
+            overwrite=overwrite or resume,
+            on_eval=loggers[0].on_eval,
+        ),
+    )]
 
 
 def table(grid: Plan, histories: Sequence[simulate.History]) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ import dataclasses
 import hashlib
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ class Cell:
         has one, or none has).
       out_dir: where to write the cell's run directory (``recorder.Recorder``), or None.
       config: the resolved config recorded in ``out_dir`` (re-runnable with ``fedjax-het run``).
+      on_eval: called with each of the cell's ``metrics.jsonl`` lines (as ``simulate.run``'s).
     """
 
     seed: int = 0
@@ -87,6 +88,7 @@ class Cell:
     system: System | None = None
     out_dir: str | Path | None = None
     config: Mapping[str, Any] | None = None
+    on_eval: Callable[[dict[str, Any]], None] | None = None
 
 
 @compilation.engine_options
@@ -262,7 +264,8 @@ def _plans(
     )
     accountings = [
         schedule_accounting(_take(plans, i), setup.round.spec, data.train.count, data.num_clients,
-                            float(cell.system.policy.start))
+                            float(cell.system.policy.start),
+                            readiness=(cell.system.profiles, cell.system.policy))
         for i, cell in enumerate(cells)
     ]
     return plans, accountings
@@ -297,8 +300,8 @@ def _run_chunk(
         checkpoint.check_config(where, cells[first].config or {})
     recorders = [
         Recorder(start, shared.accountings[i], out_dir=cells[i].out_dir, config=cells[i].config,
-                 data=data, drop_nonfinite=nonfinite == "drop", resume=resumed,
-                 overwrite=overwrite or resume)
+                 data=data, on_eval=cells[i].on_eval, drop_nonfinite=nonfinite == "drop",
+                 resume=resumed, overwrite=overwrite or resume)
         for i in real
     ]  # fmt: skip
 

@@ -16,7 +16,7 @@ from fedjax_het.schema import ConfigError, Key, check, dataclass_keys, guarded, 
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(GandalfOptions) if f.name != "gan")
 """The keys of [algorithm] that are mediator options (``gan`` follows from the name)."""
-REFUSED = ("server", "selection", "compression", "privacy")
+REFUSED = ("server", "selection", "compression", "privacy", "logging")
 """The tables a mediator run takes none of."""
 
 

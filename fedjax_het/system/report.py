@@ -18,10 +18,11 @@ import jax
 import numpy as np
 
 from fedjax_het import results
-from fedjax_het.system import flhetbench, plots
+from fedjax_het.system import flhetbench, participation, plots
 from fedjax_het.system.availability import ALWAYS
+from fedjax_het.system.policy import RoundPolicy
 from fedjax_het.system.profiles import ClientProfiles
-from fedjax_het.system.schedule import OUTCOMES, Schedule
+from fedjax_het.system.schedule import OK, OUTCOMES, Schedule
 
 ORDER = ("DevMC-R", "StatMC-R", "InterMC-R", "DevMC-T", "StatMC-T", "InterMC-T")
 
@@ -37,8 +38,11 @@ def heterogeneity_metrics(
     return {name: float(values[name]) for name in ORDER if name in values}
 
 
-def schedule_summary(s: Schedule, num_clients: int) -> dict[str, Any]:
-    """Outcome counts, round durations and participation of a schedule."""
+def schedule_summary(
+    s: Schedule, num_clients: int, readiness: tuple[ClientProfiles, RoundPolicy] | None = None
+) -> dict[str, Any]:
+    """Outcome counts, round durations and participation of a schedule, and why the clients
+    that never trained did not (``participation.never_trained``, ``readiness`` as there)."""
     s = jax.device_get(s)
     valid = np.asarray(s.valid)
     outcome = np.asarray(s.outcome)[valid]
@@ -54,6 +58,8 @@ def schedule_summary(s: Schedule, num_clients: int) -> dict[str, Any]:
         "participation": {"min": int(counts.min()), "median": float(np.median(counts)),
                           "max": int(counts.max()), "never": int(np.sum(counts == 0))},
         "participation_counts": counts.tolist(),
+        **participation.never_trained(s, num_clients, readiness),
+        "rounds_nobody_counted": int(np.sum(~np.any(valid & (np.asarray(s.outcome) == OK), 1))),
     }
 
 
@@ -64,8 +70,10 @@ def describe(
     *,
     key: jax.Array,
     mc: flhetbench.MonteCarlo,
+    policy: RoundPolicy | None = None,
 ) -> dict[str, Any]:
-    """Computes the metrics and the schedule summary, writes ``system_summary.json`` and the
+    """Computes the metrics and the schedule summary (with the run's ``policy``: which unselected
+    clients were never ready), its warnings, writes ``system_summary.json`` and the
     plots. The metrics' programs compile and run in a thread of their own (XLA compiles
     without the GIL) while ``run_schedule()`` plans the run's schedule and it is drawn."""
     out = Path(out_dir)
@@ -73,7 +81,8 @@ def describe(
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         metrics = pool.submit(heterogeneity_metrics, profiles, key=key, mc=mc)
         schedule = jax.device_get(run_schedule())
-        summary = {"schedule": schedule_summary(schedule, profiles.num_clients)}
+        readiness = None if policy is None else (profiles, policy)
+        summary = {"schedule": schedule_summary(schedule, profiles.num_clients, readiness)}
         counts = np.asarray(summary["schedule"]["participation_counts"])
         summary["schedule"]["participation_gini"] = plots.plot_participation(
             counts, out / "participation.png"
@@ -83,12 +92,16 @@ def describe(
             profiles.availability, np.asarray(profiles.trace)[:200], out / "availability.png"
         )
         summary = {"flhetbench": metrics.result(), **summary}
+    s = summary["schedule"]
+    totals = {**s, "clients_never_participated": s["participation"]["never"]}
+    summary["warnings"] = participation.warnings(totals, profiles.num_clients, s["rounds"])
     (out / "system_summary.json").write_text(results.strict_json(summary, indent=2) + "\n")
     return summary
 
 
 def format_report(summary: dict[str, Any]) -> str:
-    """The summary as a few readable lines."""
+    """The summary as a few readable lines, then the warnings a run of this schedule would
+    print (``participation.warnings``)."""
     lines = ["FLHetBench metrics (R: lower = more heterogeneous; T: higher = more):"]
     lines += [f"  {name:10s} {value:10.4f}" for name, value in summary["flhetbench"].items()]
     s = summary["schedule"]
@@ -103,4 +116,5 @@ def format_report(summary: dict[str, Any]) -> str:
         f"participation per client: min {p['min']}, median {p['median']:g}, max {p['max']}, "
         f"never {p['never']}; Gini {s['participation_gini']:.3f}"
     )
+    lines += [f"warning: {warning}" for warning in summary.get("warnings", ())]
     return "\n".join(lines)

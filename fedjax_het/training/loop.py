@@ -93,7 +93,7 @@ def train_loop(
             ev = jax.device_get(evaluate(state))
             stop = on_eval(done, block_metrics, ev)
             bar.update(size)
-            bar.set_postfix(acc=f"{float(np.mean(np.atleast_1d(ev['accuracy']))):.3f}")
+            bar.set_postfix_str(_accuracy(ev["accuracy"]))
             if stop:
                 break
             due = checkpoint_every and done // checkpoint_every > before // checkpoint_every
@@ -107,3 +107,16 @@ def train_loop(
             save(done, state)
         bar.close()
     return LoopEnd(state, ev, compile_s, done, stopped)
+
+
+def _accuracy(accuracy) -> str:
+    """The progress bar's accuracy: one run's, or a sweep's cells' range (not their mean, which
+    mixes settings that may differ by tens of points).
+
+    >>> _accuracy(0.5), _accuracy([0.5, 0.25, 0.75])
+    ('acc=0.500', 'acc 0.250-0.750 over 3 cells')
+    """
+    values = np.atleast_1d(np.asarray(accuracy, np.float64))
+    if values.size == 1:
+        return f"acc={values[0]:.3f}"
+    return f"acc {values.min():.3f}-{values.max():.3f} over {values.size} cells"

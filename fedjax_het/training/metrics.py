@@ -13,6 +13,7 @@ import numpy as np
 from fedjax_het.data.diagnostics import gini
 from fedjax_het.engine.local import DeviceSplit
 from fedjax_het.models import Model
+from fedjax_het.system import participation as participation_lib
 from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.typing import Params
 
@@ -140,10 +141,13 @@ class ScheduleAccounting:
         (by every client that computed, whether its update counted or not) and
         ``examples_wasted`` (by clients whose update was not aggregated).
       participation: ``[N]`` successful participations of each client.
+      never: why the clients that never trained did not (``participation.never_trained``,
+        computed when the totals are: it may compile the readiness query).
     """
 
     per_round: dict[str, np.ndarray]
     participation: np.ndarray
+    never: Callable[[], dict[str, Any]] | None = None
 
     @classmethod
     def empty(cls, num_clients: int) -> ScheduleAccounting:
@@ -179,45 +183,12 @@ class ScheduleAccounting:
             "wasted_share": final["wasted_share"],
             "participation_gini": gini(self.participation),
             "clients_never_participated": int(np.sum(self.participation == 0)),
+            **(self.never() if self.never else {}),
             "rounds_nobody_counted": int(np.sum(self.per_round["ok"] == 0)),
         }
 
 
 OUTCOME_NAMES = ("ok", "unavailable", "late", "dropped")
-GINI_WARNING = 0.6
-"""Participation Gini above which a run's end warns that a few clients did most rounds."""
-
-
-def system_warnings(totals: dict[str, Any], num_clients: int, steps: int) -> list[str]:
-    """What a researcher would want to know about a run with a system, each with its likely
-    cause and the option that changes it (``summary.json``'s ``warnings``; the command prints
-    them). ``totals`` is the accounting's; ``steps`` the rounds or server events run."""
-    out = []
-    never = totals.get("clients_never_participated", 0)
-    if never:
-        out.append(
-            f"{never} of {num_clients} clients never trained: they were never ready when "
-            "selected or always late or dropped; see policy.start (the FLASH traces start at "
-            "a midnight, when few devices are ready), system.availability, policy.deadline, "
-            "rounds"
-        )
-    gini_ = totals.get("participation_gini", 0.0)
-    if gini_ > GINI_WARNING:
-        out.append(
-            f"participation is concentrated (Gini {gini_:.2f}): a few clients did most of the "
-            "training, so the model mostly learned their data; with availability-aware "
-            "selection only ready clients are picked (policy.start, system.availability = "
-            '"loose", policy.availability_aware)'
-        )
-    empty = totals.get("rounds_nobody_counted", totals.get("stalled_events", 0))
-    if empty:
-        what = "rounds" if "rounds_nobody_counted" in totals else "server events"
-        out.append(
-            f"{empty} of {steps} {what} aggregated no update: every selected client was late, "
-            'dropped or unavailable; raise policy.deadline, set policy.on_late = "partial", '
-            "lower system.dropout or select more clients (sampler.clients_per_round)"
-        )
-    return out
 
 
 def _examples_processed(s, spec, count: np.ndarray) -> np.ndarray:
@@ -228,11 +199,18 @@ def _examples_processed(s, spec, count: np.ndarray) -> np.ndarray:
 
 
 def schedule_accounting(
-    plans, spec, count: np.ndarray, num_clients: int, origin: float | None = None
+    plans,
+    spec,
+    count: np.ndarray,
+    num_clients: int,
+    origin: float | None = None,
+    *,
+    readiness: tuple | None = None,
 ) -> ScheduleAccounting:
     """Accounts a ``system.schedule.Schedule`` of a run with local work ``spec.work``; the
     virtual clock counts from ``origin`` (the policy's ``start``: a first round that waited
-    for a ready client starts later), default the first round's start."""
+    for a ready client starts later), default the first round's start. ``readiness``: the
+    system's ``(profiles, policy)``, to tell clients never ready from clients never drawn."""
     s = jax.device_get(plans)
     valid = np.asarray(s.valid)
     outcome = np.where(valid, np.asarray(s.outcome), -1)
@@ -249,7 +227,8 @@ def schedule_accounting(
         "examples_wasted": np.where(ok, 0, processed).sum(axis=1).astype(np.float64),
     }
     participation = np.asarray(participation_counts(s, num_clients))
-    return ScheduleAccounting(per_round, participation)
+    never = lambda: participation_lib.never_trained(s, num_clients, readiness)
+    return ScheduleAccounting(per_round, participation, never)
 
 
 

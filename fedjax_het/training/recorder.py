@@ -23,6 +23,7 @@ from fedjax_het.data import diagnostics
 from fedjax_het.data.federated import FederatedData
 from fedjax_het.engine.hooks import RunReport
 from fedjax_het.engine.round import RunState
+from fedjax_het.system.participation import warnings as system_warnings
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.training import checkpoint, compilation, distributed
 from fedjax_het.training.divergence import Divergence, dropped_warnings, first_divergence
@@ -30,7 +31,6 @@ from fedjax_het.training.metrics import (
     EventAccounting,
     ScheduleAccounting,
     client_accuracy_summary,
-    system_warnings,
     time_to_accuracy,
 )
 from fedjax_het.training.programs import Setup

@@ -227,7 +227,10 @@ def _plan(
     if timing.system is not None:
         plans = plan_run(timing.system, data, spec, setup.round.sampler, rounds=rounds, key=key)
         origin = float(timing.system.policy.start)
-        return plans, schedule_accounting(plans, spec, data.train.count, data.num_clients, origin)
+        readiness = (timing.system.profiles, timing.system.policy)
+        return plans, schedule_accounting(
+            plans, spec, data.train.count, data.num_clients, origin, readiness=readiness
+        )
     return None, None
 
 

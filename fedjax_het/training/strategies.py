@@ -104,7 +104,8 @@ def in_loop(
 
     def account():
         recorder.accounting = schedule_accounting(
-            _concat(rows), spec, data.train.count, data.num_clients, origin
+            _concat(rows), spec, data.train.count, data.num_clients, origin,
+            readiness=(timing.system.profiles, timing.system.policy),
         )
 
     def on_eval(done, block_output, ev):

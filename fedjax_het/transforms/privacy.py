@@ -258,8 +258,21 @@ def options(
       delta: the δ at which ε is reported, in (0, 1).
       target_epsilon: stop the run at the last round whose ε stays within this
         (``rounds_within``); 0: no budget.
-      adaptive, target_quantile, clip_lr, count_noise: adaptive clipping (``private``;
-        ``count_noise`` 0: the cohort size / 20).
+      adaptive: adaptive clipping (``private``): the clip norm follows a quantile of the
+        clients' update norms, ``clip_norm`` being its first value (Andrew et al. 2021,
+        Algorithm 1).
+      target_quantile: ``γ``, the quantile of the update norms the clip norm tracks, in
+        [0, 1] (the paper's default 0.5: the median); read with ``adaptive`` only.
+      clip_lr: ``η_C``, the step of the geometric update ``C <- C exp(-η_C (b̄ - γ))``, > 0
+        (the paper's 0.2); read with ``adaptive`` only.
+      count_noise: ``σ_b``, the standard deviation of the noise on the count of clipped
+        updates, >= 0; 0: the cohort size / 20 (the paper's); read with ``adaptive`` only.
+
+    References:
+      McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private Recurrent Language
+      Models", ICLR 2018 (DP-FedAvg, Algorithm 1). Andrew, Thakkar, McMahan and Ramaswamy,
+      "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021 (adaptive,
+      target_quantile, clip_lr, count_noise).
     """
     if not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")

@@ -135,6 +135,20 @@ def rounds_within_budget(
     return allowed
 
 
+def budget_notes(private: Mapping[str, float], asked: int, allowed: int) -> tuple[str, ...]:
+    """The line a run prints when ``privacy.target_epsilon`` cut it from ``asked`` rounds to
+    ``allowed`` (``rounds_within_budget``); none when it did not."""
+    if allowed >= asked:
+        return ()
+    note = (
+        f"privacy.target_epsilon = {private['target_epsilon']:g} at delta {private['delta']:g} "
+        f"allows {allowed} of the {asked} rounds asked (noise_multiplier "
+        f"{private['noise_multiplier']:g}): the run stops after round {allowed}; raise "
+        "privacy.noise_multiplier or the target for more"
+    )
+    return (note,)
+
+
 def check_updates(
     config: Mapping[str, Any], algorithm: FederatedAlgorithm, model: Model, x: Any, y: Any
 ) -> None:
