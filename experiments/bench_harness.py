@@ -100,7 +100,7 @@ from fedjax_het.sampling import uniform
 from fedjax_het.system import policy as policies
 from fedjax_het.system.schedule import OK, OUTCOMES, Schedule, plan_round
 from fedjax_het.system.setup import System, profiles_from_options
-from fedjax_het.training import online, options, simulate
+from fedjax_het.training import freeze_pricing, options, simulate
 from fedjax_het.training.programs import Setup as RunSetup
 from fedjax_het.typing import Hyper, Params
 
@@ -168,7 +168,7 @@ def flash_deadline_system(setup: Setup, *, dropout: float = DROPOUT) -> System:
 def _round_row(setup: Setup, system: System) -> Schedule:
     """Round ROUND's schedule row under ``system``, selected by the round's sampler."""
     round_ = setup.round_
-    payload = online.upload_bytes(jax.eval_shape(round_.model.init, setup.key))
+    payload = freeze_pricing.upload_bytes(jax.eval_shape(round_.model.init, setup.key))
     needed = jnp.asarray(simulate.steps_needed(round_.spec, np.asarray(setup.train.count)))
     return plan_round(
         system.profiles,

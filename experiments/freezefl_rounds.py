@@ -40,7 +40,7 @@ from fedjax_het.front import config as config_lib
 from fedjax_het.system import setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate
-from fedjax_het.training.online import upload_bytes
+from fedjax_het.training.freeze_pricing import upload_bytes
 from fedjax_het.training.options import run_options
 
 OUT = common.RESULTS / "freezefl_rounds"

@@ -49,7 +49,7 @@ from fedjax_het.front.sweep import sweep
 from fedjax_het.system import flhetbench, setup
 from fedjax_het.system.schedule import OK
 from fedjax_het.training import simulate
-from fedjax_het.training.online import upload_bytes
+from fedjax_het.training.freeze_pricing import upload_bytes
 from fedjax_het.training.options import run_options
 
 CASES = ("case1", "case2", "case3", "case4")

@@ -25,7 +25,7 @@ from fedjax_het.sampling import freezefl_selection, uniform
 from fedjax_het.sampling.freezefl_selection import FreezeFLState
 from fedjax_het.system import setup
 from fedjax_het.system.sampler import ClientRecord, ClientReport
-from fedjax_het.training import online, simulate
+from fedjax_het.training import freeze_pricing, online, simulate
 
 N = 7
 REPORT = ClientReport(jnp.ones(N), jnp.zeros(N), jnp.full(N, 10))
@@ -187,7 +187,7 @@ def test_the_engine_records_work_kept_and_the_first_order_alignment():
     inputs = online.RoundInputs(
         built.hyper, built.train, key, profiles,
         jnp.asarray(simulate.steps_needed(spec, data.train.count)),
-        jnp.asarray(online.step_costs(spec, built.hyper, built.train, masks)),
+        jnp.asarray(freeze_pricing.step_costs(spec, built.hyper, built.train, masks)),
     )
     program = online.OnlineRound(built.round, setup.policy_from_options(kind="wait_all"),
                                  freezefl_selection(N, 4))

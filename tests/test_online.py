@@ -23,7 +23,7 @@ from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.sampler import ClientRecord
 from fedjax_het.system.schedule import OK, select_among_ready
-from fedjax_het.training import online, simulate
+from fedjax_het.training import freeze_pricing, simulate
 from fedjax_het.training.options import run_options
 
 N, M = 12, 4
@@ -210,7 +210,7 @@ def test_power_of_choice_learns_from_the_record():
 def test_frozen_steps_cost_what_xla_counts_for_the_layers_still_training():
     spec = simulate.local_spec(MODEL, fedavg(), DATA, WORK)
     masks = depth_masks(MODEL.init(jax.random.key(0)))
-    costs = online.step_costs(spec, fedavg().hyper(), round_lib.device_split(DATA.train), masks)
+    costs = freeze_pricing.step_costs(spec, fedavg().hyper(), round_lib.device_split(DATA.train), masks)
     assert costs[0] == 1.0 and 0 < costs[1] < 1  # Dense_0's gradient and backward are gone
     # A wait_all round of always-ready clients with free transfers lasts the slowest step total.
     profiles = setup.profiles_from_options(N, step_time=0.5, bandwidth=1e12)

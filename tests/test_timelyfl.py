@@ -38,7 +38,7 @@ from fedjax_het.engine.round import device_split
 from fedjax_het.sampling import uniform
 from fedjax_het.system import setup
 from fedjax_het.system.schedule import LATE, OK
-from fedjax_het.training import online, simulate
+from fedjax_het.training import freeze_pricing, simulate
 from fedjax_het.training.options import run_options
 
 F, C, HIDDEN = 5, 3, (6, 5)
@@ -104,7 +104,7 @@ def priced_seconds() -> np.ndarray:
     """``[N, D]`` expected seconds of each client at each depth (no overhead), in float64."""
     sizes = layer_sizes()
     up_bytes = 4.0 * np.cumsum(sizes[::-1])[::-1]  # float32 bytes of the layers from depth d on
-    costs = online.step_costs(
+    costs = freeze_pricing.step_costs(
         SPEC, TIMELYFL.hyper(), device_split(DATA.train), depth_masks(MODEL.init(jax.random.key(0)))
     ).astype(np.float64)
     return up_bytes[0] / BANDWIDTH + FULL_COMPUTE[:, None] * costs[None, :] + up_bytes / BANDWIDTH

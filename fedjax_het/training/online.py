@@ -42,27 +42,24 @@ round's training), which costs simulation time, not virtual time.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from fedjax_het import rng
-from fedjax_het.engine.algorithm import LocalContext, mean_loss
+from fedjax_het.engine.algorithm import mean_loss
 from fedjax_het.engine.cohort import run_cohort
 from fedjax_het.engine.hooks import Freezing
 from fedjax_het.engine.local import (
     ClientTask,
     DeviceSplit,
-    LocalSpec,
     client_batches,
     client_examples,
     local_update,
 )
 from fedjax_het.engine.round import Round, RunState, server_stream
-from fedjax_het.models import Model, layer_order
+from fedjax_het.models import layer_order
 from fedjax_het.system.policy import RoundPolicy, num_selected
 from fedjax_het.system.profiles import ClientProfiles
 from fedjax_het.system.sampler import (
@@ -74,15 +71,14 @@ from fedjax_het.system.sampler import (
     layer_alignment,
 )
 from fedjax_het.system.schedule import (
-    EMPTY,
     OK,
-    UNAVAILABLE,
     Schedule,
     schedule_round,
     wait_for_ready,
 )
+from fedjax_het.training.client_record import class_counts, in_order, recorded
 from fedjax_het.training.costs import client_costs, payload_bytes, priced
-from fedjax_het.transforms.compression import bytes_sent, identity
+from fedjax_het.training.freeze_pricing import step_scale, upload_bytes
 from fedjax_het.typing import Hyper, Params, PRNGKey, PyTree
 
 
@@ -106,20 +102,6 @@ class OnlineState:
     selection: PyTree = ()
 
 
-def upload_bytes(params: Params, masks: PyTree | None = None) -> jax.Array:
-    """Bytes of ``params`` sent up: every leaf, or per depth ``[D]`` the leaves ``masks`` train.
-
-    Counted as ``compression.identity()`` sends them: floats go over the simulated
-    network as float32 at most, so a float64 run
-    (``local.run_model``) models the same deployment, and so the same schedule,
-    as the float32 run, with less rounding in its arithmetic.
-    """
-    if masks is None:
-        return jnp.float32(bytes_sent(identity(), params))
-    sizes = jax.tree.map(lambda p, m: m * bytes_sent(identity(), p), params, masks)
-    return sum(jax.tree.leaves(sizes))
-
-
 @struct.dataclass
 class RoundInputs:
     """The traced inputs every online round reads.
@@ -140,50 +122,6 @@ class RoundInputs:
     profiles: ClientProfiles
     steps_needed: jax.Array
     step_costs: jax.Array
-
-
-def step_costs(spec: LocalSpec, hyper: Hyper, train: DeviceSplit, masks: PyTree) -> np.ndarray:
-    """``[D]`` FLOPs of one local step at each freeze depth, over depth 0's.
-
-    XLA's cost analysis of the gradient of the local loss with respect to
-    the leaves that train at that depth: a frozen input-side layer needs no
-    weight gradient and no backward pass below it, which XLA removes. Ones
-    (no saving) where the backend reports no FLOP count.
-    """
-    broadcast = spec.model.init(jax.random.key(0))
-    leaves, treedef = jax.tree.flatten(broadcast)
-    trains = np.asarray([np.asarray(m) for m in jax.tree.leaves(masks)]) > 0  # [leaves, D]
-    batch = (
-        jnp.zeros((spec.work.batch_size, *train.x.shape[1:]), train.x.dtype),
-        jnp.zeros((spec.work.batch_size, *train.y.shape[1:]), train.y.dtype),
-        jnp.ones((spec.work.batch_size,), bool),
-    )
-
-    def flops(depth: int) -> float | None:
-        kept = [i for i in range(len(leaves)) if trains[i, depth]]
-
-        def loss(trained):
-            values = list(leaves)
-            for i, value in zip(kept, trained):
-                values[i] = value
-            params = jax.tree.unflatten(treedef, values)
-            ctx = LocalContext(
-                broadcast, broadcast, spec.algorithm.client_init(broadcast), jnp.int32(0),
-                jnp.int32(1),
-            )
-            return spec.algorithm.local.loss(
-                spec.model, params, batch, ctx, hyper, jax.random.key(0)
-            )
-
-        analysis = jax.jit(jax.grad(loss)).lower([leaves[i] for i in kept]).compile()
-        analysis = analysis.cost_analysis()
-        analysis = analysis[0] if isinstance(analysis, list) else analysis
-        return (analysis or {}).get("flops")
-
-    counts = [flops(d) for d in range(trains.shape[1])]
-    if any(c is None or c <= 0 for c in counts):
-        return np.ones(len(counts), np.float32)
-    return (np.asarray(counts) / counts[0]).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +175,7 @@ class OnlineRound:
             masks = freezing.depth_masks(in_order(broadcast, order))
             probe = jnp.ceil(freezing.probe_share * inputs.steps_needed).astype(jnp.int32)
             up_bytes = upload_bytes(broadcast, masks)  # [D]
-            scale = _step_scale(inputs, probe)  # [N, D]
+            scale = step_scale(inputs.steps_needed, inputs.step_costs, probe)  # [N, D]
             fixed = down / profiles.down_mean  # [N]
             compute = (inputs.steps_needed * profiles.step_time)[:, None] * scale  # [N, D]
             # Expected round time of every client at every depth, at its mean speeds: [N, D].
@@ -274,7 +212,7 @@ class OnlineRound:
                 jnp.subtract, round_.algorithm.global_params(run_state.server_state), params
             )
             alignment = self._alignments(params, moved, tasks, inputs.train, stats)
-        record = _recorded(state.record, row, stats, policy.overhead, loss_sq, alignment)
+        record = recorded(state.record, row, stats, policy.overhead, loss_sq, alignment)
         state = OnlineState(
             run_state, clock, self._soft_deadline(state.soft_deadline, row), record,
             selection_state,
@@ -407,78 +345,3 @@ class OnlineRound:
     def run_block(self, state: OnlineState, round_ids: jax.Array, inputs: RoundInputs):
         """The rounds ``round_ids`` as one ``lax.scan``; outputs (metrics, schedule rows)."""
         return jax.lax.scan(lambda s, r: self.step(s, r, inputs), state, round_ids)
-
-
-def _step_scale(inputs: RoundInputs, probe: jax.Array) -> jax.Array:
-    """``[N, D]`` mean step time at each depth over depth 0's: probe steps at full cost."""
-    needed = jnp.maximum(inputs.steps_needed, 1)[:, None]
-    probed = jnp.minimum(probe, inputs.steps_needed)[:, None]
-    return (probed + (needed - probed) * inputs.step_costs[None, :]) / needed
-
-
-def class_counts(
-    model: Model, params: Params, split: DeviceSplit, *, batch_size: int
-) -> tuple[jax.Array, jax.Array]:
-    """``(predicted, actual)``, ``[N, C]`` each: per client, its rows by arg-max output, by label.
-
-    Rows belong to clients in order (``ClientArrays.client_ids``); they run in
-    batches of ``batch_size`` under ``lax.map``, the last padded and masked.
-    """
-    n, num_clients = split.y.shape[0], split.count.shape[0]
-    num_batches = max(1, -(-n // batch_size))
-    rows = jnp.arange(num_batches * batch_size).reshape(num_batches, batch_size)
-
-    apply = functools.partial(model.apply, train=False, key=None)
-    num_classes = jax.eval_shape(apply, params, split.x[:1]).shape[-1]
-    predicted = jax.lax.map(
-        lambda idx: jnp.argmax(apply(params, split.x[jnp.minimum(idx, n - 1)]), -1), rows
-    ).reshape(-1)[:n]
-    owner = jnp.repeat(jnp.arange(num_clients), split.count, total_repeat_length=n)
-    owned = jnp.arange(n) < jnp.sum(split.count)
-
-    def counts(classes):
-        cells = owner * num_classes + jnp.clip(classes, 0, num_classes - 1)
-        flat = jax.ops.segment_sum(owned.astype(jnp.float32), cells, num_clients * num_classes)
-        return flat.reshape(num_clients, num_classes)
-
-    return counts(predicted), counts(split.y)
-
-
-def _recorded(
-    record: ClientRecord, row: Schedule, stats, overhead, loss_sq: jax.Array | None,
-    alignment: jax.Array | None = None,
-) -> ClientRecord:
-    """``record`` after a round: losses of clients that computed, times of those that finished,
-    the work kept and the update alignment of those whose update counted."""
-    ids, valid, round_idx = row.selected, row.valid, row.version
-    started = valid & (row.outcome != UNAVAILABLE) & (row.outcome != EMPTY)
-    ok = valid & (row.outcome == OK)
-    examples = jnp.maximum(stats.examples, 1)
-    computed = started & (stats.examples > 0)
-
-    def put(field, new, where):
-        return field.at[ids].set(jnp.where(where, new, field[ids]))
-
-    return ClientRecord(
-        loss=put(record.loss, stats.loss_sum / examples, computed),
-        seconds=put(record.seconds, row.finish - overhead, ok),
-        selected=put(record.selected, record.selected[ids] + 1, valid),
-        aggregated=put(record.aggregated, record.aggregated[ids] + 1, ok),
-        lost=put(record.lost, record.lost[ids] + 1, started & ~ok),
-        loss_sq=record.loss_sq if loss_sq is None else put(
-            record.loss_sq, loss_sq / examples, computed
-        ),
-        examples=put(record.examples, stats.examples.astype(jnp.int32), computed),
-        work_kept=put(
-            record.work_kept, 1.0 if stats.work_kept is None else stats.work_kept, ok
-        ),
-        alignment=record.alignment if alignment is None else put(record.alignment, alignment, ok),
-        last_selected=put(record.last_selected, round_idx, valid),
-        last_aggregated=put(record.last_aggregated, round_idx, ok),
-    )
-
-
-def in_order(tree: dict, order: list[str]) -> dict:
-    """``tree``'s layers as a dict in ``order`` (``models.layer_order``): what a ``Freezing``
-    hook iterates, depth 0 the input side."""
-    return {name: tree[name] for name in order}

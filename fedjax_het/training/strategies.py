@@ -33,7 +33,7 @@ from fedjax_het.system import schedule as scheduling
 from fedjax_het.system.sampler import LearnedSelect
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.system.setup import System
-from fedjax_het.training import checkpoint, online
+from fedjax_het.training import checkpoint, freeze_pricing, online
 from fedjax_het.training.loop import LoopEnd
 from fedjax_het.training.metrics import ScheduleAccounting, schedule_accounting
 from fedjax_het.training.options import Timing
@@ -158,7 +158,7 @@ def _online_round(
     freezing = setup.round.algorithm.hook(Freezing)
     if freezing is not None:
         masks = freezing.depth_masks(setup.round.model.init(rng.stream(key, "init")))
-        costs = online.step_costs(spec, setup.hyper, setup.train, masks)
+        costs = freeze_pricing.step_costs(spec, setup.hyper, setup.train, masks)
     inputs = online.RoundInputs(
         setup.hyper,
         setup.train,
