@@ -85,6 +85,7 @@ class ChunkPlan:
       free_bytes: the device's free memory.
       safety: share of ``free_bytes`` the plan may use.
       source: "xla" (compiled memory analysis) or "analytic" (``eval_shape`` sums).
+      conv: how the model's convolutions run (``conv_impl_for``); None: it offers no choice.
     """
 
     chunk: int
@@ -97,6 +98,7 @@ class ChunkPlan:
     free_bytes: int
     safety: float
     source: str
+    conv: str | None = None
 
     def need(self, chunk: int) -> int:
         """Bytes the round needs with ``chunk`` clients per chunk."""
@@ -111,6 +113,7 @@ class ChunkPlan:
             f"{format_bytes(self.per_client_bytes)} per client, {format_bytes(self.fixed_bytes)} fixed, "
             f"{format_bytes(self.slot_bytes)} per slot{runs}, {format_bytes(self.data_bytes)} data) needs "
             f"{format_bytes(self.need(self.chunk))} of {format_bytes(self.free_bytes)} free"
+            + (f"; convolutions as {self.conv}" if self.conv else "")
         )
 
 
@@ -268,6 +271,30 @@ def preferred_chunk(
     the clients' work varies on an accelerator, the FLOPs of one client's step."""
     flops = step_flops(spec, train) if work_varies and jax.default_backend() != "cpu" else None
     return auto_chunk(cohort, convolutional=convolutional(spec.model, train.x), step_flops=flops)
+
+
+CONV_BY_BACKEND = {"cpu": "patches"}  # a vmapped chunk's convolutions where measured faster
+# than XLA's (W2/10 on 2 cores; experiments/README.md, "Convolutions of a cohort"); else "xla"
+
+
+def conv_impl_for(backend: str, model: Model, chunk: int | None, conv: str = "auto") -> str | None:
+    """How a round's convolutions run (``fedjax_het.convolution``): None for a model that
+    offers no choice (``Model.with_conv``); ``conv`` when it names a formulation; "auto": a
+    vmapped chunk's (``chunk`` > 1, or None: not yet planned) as ``CONV_BY_BACKEND`` says,
+    a chunk of one client XLA's (a single convolution is XLA's own fast case)."""
+    if model.with_conv is None:
+        return None
+    if conv != "auto":
+        return conv
+    return "xla" if chunk == 1 else CONV_BY_BACKEND.get(backend, "xla")
+
+
+def conv_model(
+    model: Model, chunk: int | None, conv: str = "auto", backend: str | None = None
+) -> tuple[Model, str | None]:
+    """``model`` with its convolutions as ``conv_impl_for`` chooses, and the choice."""
+    impl = conv_impl_for(backend or jax.default_backend(), model, chunk, conv)
+    return (model if impl in (None, model.conv) else model.with_conv(impl)), impl
 
 
 def step_flops(spec: LocalSpec, train: DeviceSplit) -> float:

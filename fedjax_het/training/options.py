@@ -74,6 +74,10 @@ class Engine:
         run in float64: params, hyperparameters, training, aggregation and evaluation
         (``local.run_model``; needs ``jax_enable_x64``), on the float32 run's schedule
         (the simulated network still carries float32 updates).
+      conv: how a convolutional model's convolutions run in local training
+        (``fedjax_het.convolution``): "xla", "patches" (im2col and a matmul: a vmapped
+        chunk's are a batched matmul), or "auto": the plan's choice for the backend and
+        chunk (``memory.conv_impl_for``). Ignored by a model that offers no choice.
     """
 
     chunk: int | None = None
@@ -82,6 +86,7 @@ class Engine:
     client_state: str = "auto"
     devices: int | None = None
     precision: str = "float32"
+    conv: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,6 +109,7 @@ def run(
     server: event_schedule.AsyncServer | None = None,
     matmul_precision: str = compilation.DEFAULT_MATMUL_PRECISION,
     compile_cache: bool = True,
+    conv: str = "auto",
 ) -> History:
     """Simulates ``rounds`` rounds of federated training and evaluates every ``eval_every``.
 
@@ -117,7 +118,7 @@ def run(
       model, algorithm, sampler: what to train, how, and who takes part.
       rounds, work, hyper, seed, eval_every, weighting, nonfinite: what is trained and for
         how long (:class:`~fedjax_het.training.options.Training` says each).
-      chunk, unroll, eval_batch_size, client_state, devices, precision: how the rounds run
+      chunk, unroll, eval_batch_size, client_state, devices, precision, conv: how the rounds run
         on the devices (:class:`~fedjax_het.training.options.Engine`).
       system, select, server: device timings and the server that follows them
         (:class:`~fedjax_het.training.options.Timing`).
@@ -220,6 +221,7 @@ def _setup(
         nonfinite=training.nonfinite,
         ring_depth=ring_depth(timing.system, timing.server),
         system=timing.system is not None,
+        conv=engine.conv,
     )
 
 
