@@ -17,15 +17,17 @@ CNN = models.femnist_cnn((28, 28, 1), 62)
 MLP = models.mlp((784,), 62, hidden=(8,))
 
 
-def test_the_choice_by_backend_chunk_and_request():
+def test_the_choice_by_backend_chunk_and_request(monkeypatch):
     assert memory.conv_impl_for("cpu", MLP, 10) is None  # nothing to choose
-    assert memory.conv_impl_for("cpu", CNN, 10) == "patches"  # a vmapped chunk on CPU
-    assert memory.conv_impl_for("cpu", CNN, None) == "patches"  # not yet planned: vmapped
-    assert memory.conv_impl_for("cpu", CNN, 1) == "xla"  # one client: no vmap
-    assert memory.conv_impl_for("gpu", CNN, 100) == "xla"  # not measured there yet
+    assert memory.conv_impl_for("cpu", CNN, 10) == "xla"  # patches measured slower on CPU
     assert memory.conv_impl_for("cpu", CNN, 10, "xla") == "xla"  # asked for
     assert memory.conv_impl_for("cpu", CNN, 1, "patches") == "patches"
-    model, chosen = memory.conv_model(CNN, 10, backend="cpu")
+    monkeypatch.setitem(memory.CONV_BY_BACKEND, "gpu", "patches")  # where patches win
+    assert memory.conv_impl_for("gpu", CNN, 100) == "patches"  # a vmapped chunk
+    assert memory.conv_impl_for("gpu", CNN, None) == "patches"  # not yet planned: vmapped
+    assert memory.conv_impl_for("gpu", CNN, 1) == "xla"  # one client: no vmap
+    assert memory.conv_impl_for("tpu", CNN, 100) == "xla"  # not measured
+    model, chosen = memory.conv_model(CNN, 10, backend="gpu")
     assert (model.conv, chosen) == ("patches", "patches")
     assert memory.conv_model(MLP, 10, backend="cpu") == (MLP, None)
     assert memory.conv_model(CNN, 1, backend="cpu")[0] is CNN  # already XLA's: the same model
@@ -56,14 +58,14 @@ def run(tmp_path, name, *extra, model="femnist_cnn"):
 @pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU choice")
 def test_a_cnn_run_on_cpu_trains_a_vmapped_chunk_as_patches_to_float_rounding(tmp_path):
-    auto_history, auto = run(tmp_path, "auto")
-    xla_history, xla = run(tmp_path, "xla", 'engine.conv = "xla"')
-    assert (auto["chunk"], auto["conv"]) == (4, "patches")
-    assert auto["chunk_plan"].endswith("; convolutions as patches")
-    assert (xla["chunk"], xla["conv"]) == (1, "xla")
+    patches_history, patches = run(tmp_path, "patches", 'engine.conv = "patches"')
+    xla_history, xla = run(tmp_path, "auto")
+    assert (patches["chunk"], patches["conv"]) == (4, "patches")  # planned as a dense model
+    assert patches["chunk_plan"].endswith("; convolutions as patches")
+    assert (xla["chunk"], xla["conv"]) == (1, "xla")  # CPU's choice: one client at a time
     # the same training to float rounding
-    np.testing.assert_allclose(auto["final_test_loss"], xla["final_test_loss"], rtol=1e-4)
-    assert auto_history.summary["rounds"] == xla_history.summary["rounds"] == 2
+    np.testing.assert_allclose(patches["final_test_loss"], xla["final_test_loss"], rtol=1e-4)
+    assert patches_history.summary["rounds"] == xla_history.summary["rounds"] == 2
 
 
 def test_a_run_without_convolutions_records_no_choice(tmp_path):

@@ -273,8 +273,10 @@ def preferred_chunk(
     return auto_chunk(cohort, convolutional=convolutional(spec.model, train.x), step_flops=flops)
 
 
-CONV_BY_BACKEND = {"cpu": "patches"}  # a vmapped chunk's convolutions where measured faster
-# than XLA's (W2/10 on 2 cores; experiments/README.md, "Convolutions of a cohort"); else "xla"
+CONV_BY_BACKEND: dict[str, str] = {}  # a vmapped chunk's convolutions by backend, where measured
+# faster than XLA's; else "xla". Not on CPU: at W2/10 patches at chunk 10 took 1.11x the loop,
+# XLA's at chunk 1 0.97x (experiments/README.md, "W2: a cohort's convolutions as a batched
+# matmul"); accelerators not yet measured.
 
 
 def conv_impl_for(backend: str, model: Model, chunk: int | None, conv: str = "auto") -> str | None:
