@@ -2,7 +2,7 @@
 per-client loop, the bare ``vmap`` and the engine at several chunks, each with the CNN's
 convolutions as XLA's (``"xla"``) and as im2col patches and a matmul (``"patches"``,
 ``fedjax_het.convolution``), and the engine as its plan runs it (chunk and formulation
-chosen: ``memory.plan_memory``, ``memory.conv_impl_for``).
+chosen: ``memory.plan_memory``, ``conv_choice.conv_impl_for``).
 
 The loop (the reference of the ratios and of the validation gate) keeps XLA's convolution,
 the fastest single-client one on CPU. Data, timing and the gate are
@@ -28,7 +28,7 @@ import bench_throughput as throughput
 import jax
 
 from fedjax_het.convolution import CONV_IMPLS
-from fedjax_het.engine import memory
+from fedjax_het.engine import conv_choice
 
 
 def with_conv(setup: harness.Setup, conv: str) -> harness.Setup:
@@ -41,9 +41,9 @@ def with_conv(setup: harness.Setup, conv: str) -> harness.Setup:
 
 def planned(setup: harness.Setup) -> tuple[int, str]:
     """The chunk and formulation ``simulate.run`` would choose for the cell on this device."""
-    model, conv = memory.conv_model(setup.round_.spec.model, None)
+    model, conv = conv_choice.conv_model(setup.round_.spec.model, None)
     chunk = throughput.planned_chunk(with_conv(setup, conv))
-    return chunk, memory.conv_impl_for(jax.default_backend(), model, chunk)
+    return chunk, conv_choice.conv_impl_for(jax.default_backend(), model, chunk)
 
 
 def variants(

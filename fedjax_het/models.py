@@ -49,7 +49,7 @@ class Model:
       conv: the formulation its convolutions run as (``convolution.CONV_IMPLS``); None:
         the model offers no choice.
       with_conv: ``impl -> Model``: the same function with its convolutions run as ``impl``
-        (the engine's plan picks one, ``memory.conv_impl_for``); None: no choice.
+        (the engine's plan picks one, ``conv_choice.conv_impl_for``); None: no choice.
     """
 
     init: Callable[[PRNGKey], Params]

@@ -1,4 +1,4 @@
-"""The plan chooses how a CNN's convolutions run (``memory.conv_impl_for``), states it in the
+"""The plan chooses how a CNN's convolutions run (``conv_choice.conv_impl_for``), states it in the
 chunk plan's line and ``summary.json``, and leaves a model without convolutions alone."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_het import models
 from fedjax_het.data.femnist_like import femnist_like
-from fedjax_het.engine import memory
+from fedjax_het.engine import conv_choice
 from fedjax_het.front import config
 from fedjax_het.schema import ConfigError
 
@@ -18,19 +18,19 @@ MLP = models.mlp((784,), 62, hidden=(8,))
 
 
 def test_the_choice_by_backend_chunk_and_request(monkeypatch):
-    assert memory.conv_impl_for("cpu", MLP, 10) is None  # nothing to choose
-    assert memory.conv_impl_for("cpu", CNN, 10) == "xla"  # patches measured slower on CPU
-    assert memory.conv_impl_for("cpu", CNN, 10, "xla") == "xla"  # asked for
-    assert memory.conv_impl_for("cpu", CNN, 1, "patches") == "patches"
-    monkeypatch.setitem(memory.CONV_BY_BACKEND, "gpu", "patches")  # where patches win
-    assert memory.conv_impl_for("gpu", CNN, 100) == "patches"  # a vmapped chunk
-    assert memory.conv_impl_for("gpu", CNN, None) == "patches"  # not yet planned: vmapped
-    assert memory.conv_impl_for("gpu", CNN, 1) == "xla"  # one client: no vmap
-    assert memory.conv_impl_for("tpu", CNN, 100) == "xla"  # not measured
-    model, chosen = memory.conv_model(CNN, 10, backend="gpu")
+    assert conv_choice.conv_impl_for("cpu", MLP, 10) is None  # nothing to choose
+    assert conv_choice.conv_impl_for("cpu", CNN, 10) == "xla"  # patches measured slower on CPU
+    assert conv_choice.conv_impl_for("cpu", CNN, 10, "xla") == "xla"  # asked for
+    assert conv_choice.conv_impl_for("cpu", CNN, 1, "patches") == "patches"
+    monkeypatch.setitem(conv_choice.CONV_BY_BACKEND, "gpu", "patches")  # where patches win
+    assert conv_choice.conv_impl_for("gpu", CNN, 100) == "patches"  # a vmapped chunk
+    assert conv_choice.conv_impl_for("gpu", CNN, None) == "patches"  # not yet planned: vmapped
+    assert conv_choice.conv_impl_for("gpu", CNN, 1) == "xla"  # one client: no vmap
+    assert conv_choice.conv_impl_for("tpu", CNN, 100) == "xla"  # not measured
+    model, chosen = conv_choice.conv_model(CNN, 10, backend="gpu")
     assert (model.conv, chosen) == ("patches", "patches")
-    assert memory.conv_model(MLP, 10, backend="cpu") == (MLP, None)
-    assert memory.conv_model(CNN, 1, backend="cpu")[0] is CNN  # already XLA's: the same model
+    assert conv_choice.conv_model(MLP, 10, backend="cpu") == (MLP, None)
+    assert conv_choice.conv_model(CNN, 1, backend="cpu")[0] is CNN  # already XLA's: the same model
 
 
 def overrides(model: str, *extra: str) -> list[str]:

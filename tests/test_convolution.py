@@ -81,8 +81,8 @@ def test_the_cnn_per_client_gradients_equal_the_plain_model_under_vmap(conv):
     got = jax.jit(jax.vmap(jax.value_and_grad(model_loss)))(params, x, y)
     plain = jax.jit(jax.value_and_grad(plain_cnn_loss))
     for client in range(3):
-        mine = jax.tree.map(lambda a: a[client], (params, x, y))
-        close(jax.tree.map(lambda a: a[client], got), plain(*mine))
+        mine = jax.tree.map(lambda a, k=client: a[k], (params, x, y))
+        close(jax.tree.map(lambda a, k=client: a[k], got), plain(*mine))
 
 
 def test_a_width_level_keeps_the_formulation():

@@ -77,7 +77,7 @@ class Engine:
       conv: how a convolutional model's convolutions run in local training
         (``fedjax_het.convolution``): "xla", "patches" (im2col and a matmul: a vmapped
         chunk's are a batched matmul), or "auto": the plan's choice for the backend and
-        chunk (``memory.conv_impl_for``). Ignored by a model that offers no choice.
+        chunk (``conv_choice.conv_impl_for``). Ignored by a model that offers no choice.
     """
 
     chunk: int | None = None

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.engine import client_store, memory
+from fedjax_het.engine import client_store, conv_choice, memory
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.cohort import client_mesh
 from fedjax_het.engine.local import DeviceSplit, hyper_dtype, run_model
@@ -78,7 +78,7 @@ class Setup:
         (default: the cohort) clients a round at most, ``runs`` runs at once, each device
         running its share. ``ring_depth`` > 0 keeps that many recent broadcasts for slots
         that train from older versions (``Round.ring_depth``). ``system``: work varies.
-        ``conv``: how local training convolves (``memory.conv_impl_for``; the plan's choice is
+        ``conv``: how local training convolves (``conv_choice.conv_impl_for``; the plan's choice is
         ``chunk_plan.conv``); evaluation keeps the model's own convolution.
         """
         _check(data, sampler, rounds, eval_every, weighting, nonfinite)
@@ -302,9 +302,9 @@ def _trained_model(
     plain: Model, run: Model, chunk: int | None, conv: str, precision: str
 ) -> tuple[Model, str | None]:
     """The model local training runs, and how it convolves: ``plain`` with the convolutions
-    ``memory.conv_model`` picks for ``chunk`` (None: not yet planned), at ``precision``;
+    ``conv_choice.conv_model`` picks for ``chunk`` (None: not yet planned), at ``precision``;
     ``run`` (``plain`` at ``precision``) itself when that is ``plain``'s own."""
-    trained, chosen = memory.conv_model(plain, chunk, conv)
+    trained, chosen = conv_choice.conv_model(plain, chunk, conv)
     return (run if trained is plain else run_model(trained, precision)), chosen
 
 
