@@ -61,7 +61,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = tuple(
         ("sampling", "fedjax_het.sampling", "sampling", "system foundation"),
         ("system", "fedjax_het.system", "system", "data foundation"),
         ("data", "fedjax_het.data", "data", "foundation"),
-        ("foundation", "foundation", "typing rng registry models results schema", ""),
+        ("foundation", "foundation", "typing rng registry models convolution results schema", ""),
     )
 )
 GROUPS = tuple((layer, title, members) for layer, title, members, _ in LAYERS)

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax import lax
 
+from fedjax_het import convolution
 from fedjax_het.typing import Mask, Params, PRNGKey
 
 
@@ -46,6 +46,10 @@ class Model:
         the full model's sliced to those units; a dense sub-model that trains a width
         level faster than masks do (``algorithms/submodels.py``). None: no such model
         (a sub-model then trains as masks on the full one).
+      conv: the formulation its convolutions run as (``convolution.CONV_IMPLS``); None:
+        the model offers no choice.
+      with_conv: ``impl -> Model``: the same function with its convolutions run as ``impl``
+        (the engine's plan picks one, ``conv_choice.conv_impl_for``); None: no choice.
     """
 
     init: Callable[[PRNGKey], Params]
@@ -53,6 +57,8 @@ class Model:
     per_example_loss: Callable[[jax.Array, jax.Array], jax.Array]
     name: str = "model"
     at_width: Callable[[float], Model] | None = None
+    conv: str | None = None
+    with_conv: Callable[[str], Model] | None = None
 
     def loss(self, outputs: jax.Array, y: jax.Array, mask: Mask) -> jax.Array:
         """Mean loss over the examples that ``mask`` keeps (0 when it keeps none)."""
@@ -216,77 +222,17 @@ def layer_order(model: Model, params: Params, x: jax.Array) -> list[str]:
     return order + [name for name in dict.fromkeys(names) if name not in order]
 
 
-def _conv_nhwc(x: jax.Array, kernel: jax.Array, padding) -> jax.Array:
-    return lax.conv_general_dilated(
-        x, kernel, (1, 1), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
-    )
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def canonical_conv(x: jax.Array, kernel: jax.Array, padding: tuple) -> jax.Array:
-    """Stride-1 NHWC x HWIO convolution whose two gradients are NHWC x HWIO convolutions too.
-
-    XLA:CPU runs a convolution on its fast (Eigen) kernel only in this canonical
-    form, and its ConvCanonicalization pass rewrites only the entry computation:
-    the gradient convolutions JAX emits inside a ``scan`` (the cohort's chunk
-    loop, the local steps) stay non-canonical and run 7-15x slower. Here the
-    transposes are explicit, so every convolution is canonical wherever it runs.
-    The values are those of ``lax.conv_general_dilated`` and its VJP.
-
-    Args:
-      x: ``[N, H, W, C]`` inputs.
-      kernel: ``[kh, kw, C, O]``.
-      padding: ``((top, bottom), (left, right))``.
-    """
-    return _conv_nhwc(x, kernel, padding)
-
-
-def _canonical_conv_fwd(x, kernel, padding):
-    return _conv_nhwc(x, kernel, padding), (x, kernel)
-
-
-def _canonical_conv_bwd(padding, residuals, g):
-    x, kernel = residuals
-    kh, kw = kernel.shape[:2]
-    (top, bottom), (left, right) = padding
-    # dx: g correlated with the spatially flipped kernel, input and output features swapped.
-    flipped = jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2)
-    dx = _conv_nhwc(g, flipped, ((kh - 1 - top, kh - 1 - bottom), (kw - 1 - left, kw - 1 - right)))
-    # dkernel[i, j, c, o] = sum_{n,h,w} x_pad[n, h+i, w+j, c] g[n, h, w, o]: a convolution of x
-    # with channels as the batch and examples as the features, by g as an [H, W, N, O] kernel.
-    dkernel = _conv_nhwc(x.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3), padding)
-    return dx, dkernel.transpose(1, 2, 0, 3)
-
-
-canonical_conv.defvjp(_canonical_conv_fwd, _canonical_conv_bwd)
-
-
-def _conv_for_backend(lhs, rhs, window_strides, padding, **kwargs) -> jax.Array:
-    """``nn.Conv``'s convolution: :func:`canonical_conv` on CPU where it applies, else lax."""
-    dilations = (kwargs.get("lhs_dilation"), kwargs.get("rhs_dilation"))
-    plain = (
-        lhs.ndim == 4
-        and tuple(window_strides) == (1, 1)
-        and all(d is None or tuple(d) == (1, 1) for d in dilations)
-        and kwargs.get("feature_group_count", 1) == 1
-        and kwargs.get("precision") is None
-    )
-    if jax.default_backend() != "cpu" or not plain:
-        return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
-    if isinstance(padding, str):
-        padding = lax.padtype_to_pads(lhs.shape[1:3], rhs.shape[:2], (1, 1), padding)
-    return canonical_conv(lhs, rhs, tuple(tuple(int(p) for p in pair) for pair in padding))
-
-
 class _FemnistCNN(nn.Module):
     num_classes: int
     channels: tuple[int, int] = (32, 64)
     dense: int = 2048
+    conv: str = "xla"
 
     @nn.compact
     def __call__(self, x):
+        convolve = convolution.conv_function(self.conv)
         for channels in self.channels:
-            conv = nn.Conv(channels, (5, 5), padding="SAME", conv_general_dilated=_conv_for_backend)
+            conv = nn.Conv(channels, (5, 5), padding="SAME", conv_general_dilated=convolve)
             x = nn.relu(conv(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
@@ -327,13 +273,24 @@ def mlp(example_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = 
         _MLP(tuple(cut(width) for width in hidden), num_classes), example_shape, name="mlp"))
 
 
-def femnist_cnn(example_shape: Sequence[int], num_classes: int) -> Model:
-    """The LEAF FEMNIST CNN (Caldas et al. 2018), for ``[H, W, C]`` images."""
+def femnist_cnn(example_shape: Sequence[int], num_classes: int, *, conv: str = "xla") -> Model:
+    """The LEAF FEMNIST CNN (Caldas et al. 2018), for ``[H, W, C]`` images.
+
+    Args:
+      example_shape, num_classes: the data's (the config takes them from the data).
+      conv: how its convolutions run (``fedjax_het.convolution``): "xla" (XLA's
+        convolution) or "patches" (im2col and a matmul; a vmapped cohort's is a batched
+        matmul). The same function either way, to float rounding; a run's plan picks one
+        (``with_conv``).
+    """
     if len(example_shape) != 3:
         raise ValueError(f"femnist_cnn needs [height, width, channels] inputs, got {example_shape}")
-    return _widths(lambda cut: from_linen(
-        _FemnistCNN(num_classes, (cut(32), cut(64)), cut(2048)), example_shape,
+    convolution.conv_function(conv)  # a bad name refused here, in one line
+    model = _widths(lambda cut: from_linen(
+        _FemnistCNN(num_classes, (cut(32), cut(64)), cut(2048), conv), example_shape,
         name="femnist_cnn"))
+    with_conv = lambda impl: femnist_cnn(example_shape, num_classes, conv=impl)
+    return dataclasses.replace(model, conv=conv, with_conv=with_conv)
 
 
 def _char_rnn(

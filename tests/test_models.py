@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from fedjax_het import models
+from fedjax_het import convolution, models
 
 PADDINGS = [((2, 2), (1, 2)), ((0, 0), (0, 0)), ((1, 3), (2, 0))]
 
@@ -22,7 +22,7 @@ def test_canonical_conv_matches_lax_and_its_gradients(padding):
     kx, kk, kg = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (3, 9, 8, 2))
     kernel = jax.random.normal(kk, (5, 4, 2, 3))
-    out, vjp = jax.vjp(lambda a, b: models.canonical_conv(a, b, padding), x, kernel)
+    out, vjp = jax.vjp(lambda a, b: convolution.canonical_conv(a, b, padding), x, kernel)
     ref, ref_vjp = jax.vjp(lambda a, b: lax_conv(a, b, padding), x, kernel)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     g = jax.random.normal(kg, out.shape)

@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_het.data import fashion_mnist, feature_skew, leaf, partitioners, shakespeare, synthetic
+from fedjax_het.data import (
+    fashion_mnist,
+    feature_skew,
+    femnist_like,
+    leaf,
+    partitioners,
+    shakespeare,
+    synthetic,
+)
 from fedjax_het.data import tfds as tfds_loader
 from fedjax_het.data.federated import FederatedData
 
@@ -88,6 +96,34 @@ def leaf_synthetic(
     return FederatedData.from_client_arrays(
         clients.train_x, clients.train_y, test_xs=clients.test_x, test_ys=clients.test_y,
         num_classes=num_classes, name="synthetic",
+    )
+
+
+def femnist_generated(
+    *,
+    num_clients: int = 3400,
+    noise: float = 1.0,
+    shift: int = 2,
+    mean_size: float = 220.0,
+    seed: int = 0,
+) -> FederatedData:
+    """FEMNIST-shaped images generated from the seed (``data.femnist_like``): 28x28x1, 62
+    classes, writers of LEAF-like ragged sizes, each with its own shift, contrast, brightness
+    and class shares; nothing downloaded. The real FEMNIST: ``name = "leaf"``.
+
+    Args:
+      num_clients: writers, >= 1 (3,400: TFF's EMNIST-62, FedJAX's EMNIST benchmark).
+      noise: per-pixel noise standard deviation, >= 0 (larger: harder to learn).
+      shift: most pixels a writer's images are shifted along each axis, in [0, 13].
+      mean_size: mean images a writer holds, train and test (220: about 198 to train).
+      seed: seed of the generation.
+
+    References:
+      Caldas et al., "LEAF: A Benchmark for Federated Settings" (2018); Cohen et al.,
+      "EMNIST: an extension of MNIST to handwritten letters" (2017).
+    """
+    return femnist_like.femnist_like(
+        num_clients, seed=seed, noise=noise, shift=shift, mean_size=mean_size
     )
 
 
@@ -197,12 +233,13 @@ def _offline_split(
 DATASETS: dict[str, Callable[..., Centralised | FederatedData]] = {
     "fashion_mnist": fashion_mnist_subset,
     "synthetic": leaf_synthetic,
+    "femnist_like": femnist_generated,
     "shakespeare": shakespeare_plays,
     "leaf": leaf_json,
     "tfds": tfds_images,
 }
 # Datasets whose clients come with the data (no partitioner).
-NATURAL = frozenset({"synthetic", "shakespeare", "leaf"})
+NATURAL = frozenset({"synthetic", "femnist_like", "shakespeare", "leaf"})
 
 
 TRAIN_ONLY_SKEW = frozenset({"label_flip"})  # label noise corrupts training labels, not tests

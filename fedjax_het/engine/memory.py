@@ -88,6 +88,7 @@ class ChunkPlan:
       halved: the larger chunks whose compiled programs did not fit, with their need.
       step: the step cost the backend's preference was given (work varies on an accelerator).
       requested: the chunk asked for (``engine.chunk``), 0: none.
+      conv: how the model's convolutions run (``conv_impl_for``); None: it offers no choice.
     """
 
     chunk: int
@@ -104,6 +105,7 @@ class ChunkPlan:
     halved: tuple[tuple[int, int], ...] = ()
     step: step_cost.StepCost | None = None
     requested: int = 0
+    conv: str | None = None
 
     def need(self, chunk: int) -> int:
         """Bytes the round needs with ``chunk`` clients per chunk, on the straight line."""
@@ -138,6 +140,8 @@ class ChunkPlan:
             line += f" (halved: {over})" if over else ""
         if self.step is not None:
             line += f"; work varies: {self.step.describe()}"
+        if self.conv:
+            line += f"; convolutions as {self.conv}"
         return line
 
 

@@ -13,7 +13,7 @@ from fedjax_het import models
 from fedjax_het.schema import Key, arguments, choose, guarded, resolved, signature_keys
 
 DEFAULTS: dict[str, Any] = {"model": {"name": "mlp", "hidden": [200, 200]}}
-SKIP = ("example_shape", "num_classes")  # given by the data
+SKIP = ("example_shape", "num_classes", "conv")  # given by the data; conv: engine.conv
 
 
 TABLES: dict[str, str] = {"model": "the model and its options (fedjax_het.models.ZOO)"}

@@ -104,6 +104,7 @@ def sweep(
     nonfinite: str = "stop", checkpoints: str | Path | None = None, checkpoint_every: int = 0,
     resume: bool = False, overwrite: bool = False, server: AsyncServer | None = None,
     matmul_precision: str = compilation.DEFAULT_MATMUL_PRECISION, compile_cache: bool = True,
+    conv: str = "auto",
 ) -> list[History]:  # fmt: skip
     """Runs every cell in one compiled simulation; one ``History`` per cell, in order.
 
@@ -156,7 +157,7 @@ def sweep(
         eval_every=eval_every, chunk=chunk, unroll=unroll, weighting=weighting,
         eval_batch_size=eval_batch_size, client_state="device", runs=at_once,
         precision=precision, devices=devices, nonfinite=nonfinite,
-        ring_depth=ring_depth(cells[0].system, None),
+        ring_depth=ring_depth(cells[0].system, None), conv=conv,
     )  # fmt: skip
     keys = jnp.stack([rng.seed_key(cell.seed) for cell in cells])
     plans, accountings = _plans(cells, data, setup, sampler, rounds=rounds, keys=keys)

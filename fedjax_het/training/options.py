@@ -89,6 +89,10 @@ class Engine:
         (``compilation.cache_dir()``), so that the next process running the same config
         loads them instead of compiling; False: the cache off for this process.
         ``summary["compile_cache"]`` counts what the run compiled and loaded.
+      conv: how a convolutional model's convolutions run in local training
+        (``fedjax_het.convolution``): "xla", "patches" (im2col and a matmul: a vmapped
+        chunk's are a batched matmul), or "auto": the plan's choice for the backend and
+        chunk (``conv_choice.conv_impl_for``). Ignored by a model that offers no choice.
     """
 
     chunk: int | None = None
@@ -99,6 +103,7 @@ class Engine:
     precision: str = "float32"
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
     compile_cache: bool = True
+    conv: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

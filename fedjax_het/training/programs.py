@@ -16,7 +16,7 @@ import numpy as np
 
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import FederatedData
-from fedjax_het.engine import client_store, memory, step_cost
+from fedjax_het.engine import client_store, conv_choice, memory, step_cost
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.cohort import client_mesh
 from fedjax_het.engine.hooks import Personalized
@@ -70,6 +70,7 @@ class Setup:
         nonfinite: str = "stop",
         ring_depth: int = 0,
         system: bool = False,
+        conv: str = "auto",
     ) -> Setup:
         """Checks the arguments ``run`` and ``sweep`` share and builds the round.
 
@@ -78,31 +79,28 @@ class Setup:
         (default: the cohort) clients a round at most, ``runs`` runs at once, each device
         running its share. ``ring_depth`` > 0 keeps that many recent broadcasts for slots
         that train from older versions (``Round.ring_depth``). ``system``: work varies.
+        ``conv``: how local training convolves (``conv_choice.conv_impl_for``; the plan's choice is
+        ``chunk_plan.conv``); evaluation keeps the model's own convolution.
         """
         _check(data, sampler, rounds, eval_every, weighting, nonfinite)
-        model = run_model(model, precision)
+        plain, model = model, run_model(model, precision)
         mesh = client_mesh(devices)
-        spec = local_spec(model, algorithm, data, work, unroll=unroll, precision=precision)
+        trained = _trained_model(plain, model, chunk, conv, precision)[0]  # chunk not yet planned
+        spec = local_spec(trained, algorithm, data, work, unroll=unroll, precision=precision)
         hyper_ = algorithm.hyper(hyper, dtype=hyper_dtype(precision))
         train, test = device_split(data.train), device_split(data.test)
         resident = client_store.tree_bytes(test) + _ring_bytes(
             model, algorithm, hyper_, data.num_clients, ring_depth
         )
         state_plan, chunk_plan = memory.plan_memory(
-            spec,
-            hyper_,
-            train,
-            num_clients=data.num_clients,
-            rounds=rounds,
-            slots=slots or sampler.cohort_size,
-            placement=client_state,
-            runs=runs,
-            devices=1 if mesh is None else mesh.size,
-            chunk=chunk,
-            resident=resident,
-            in_place=not ring_depth,
-            work_varies=system or _ragged(spec, data),
-        )
+            spec, hyper_, train, num_clients=data.num_clients, rounds=rounds,
+            slots=slots or sampler.cohort_size, placement=client_state, runs=runs,
+            devices=1 if mesh is None else mesh.size, chunk=chunk, resident=resident,
+            in_place=not ring_depth, work_varies=system or _ragged(spec, data),
+        )  # fmt: skip
+        trained, chosen = _trained_model(plain, model, chunk_plan.chunk, conv, precision)
+        spec = dataclasses.replace(spec, model=trained)
+        chunk_plan = dataclasses.replace(chunk_plan, conv=chosen)
         round_ = Round(
             model,
             algorithm,
@@ -299,6 +297,16 @@ def _check(
         raise ValueError("run needs a test split to evaluate; build the data with one")
     if nonfinite not in NONFINITE:
         raise ValueError(f"nonfinite must be 'stop' or 'drop', got {nonfinite!r}")
+
+
+def _trained_model(
+    plain: Model, run: Model, chunk: int | None, conv: str, precision: str
+) -> tuple[Model, str | None]:
+    """The model local training runs, and how it convolves: ``plain`` with the convolutions
+    ``conv_choice.conv_model`` picks for ``chunk`` (None: not yet planned), at ``precision``;
+    ``run`` (``plain`` at ``precision``) itself when that is ``plain``'s own."""
+    trained, chosen = conv_choice.conv_model(plain, chunk, conv)
+    return (run if trained is plain else run_model(trained, precision)), chosen
 
 
 def _ring_bytes(

@@ -253,6 +253,7 @@ class Recorder:
             **timing,
             "chunk": setup.round.chunk,
             "chunk_plan": setup.chunk_plan.describe(),
+            **({"conv": setup.chunk_plan.conv} if setup.chunk_plan.conv else {}),
             "devices": 1 if setup.round.mesh is None else setup.round.mesh.size,
             "backend": jax.default_backend(),
             "matmul_precision": compilation.matmul_precision_in_effect(),

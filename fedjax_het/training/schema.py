@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 
+from fedjax_het.convolution import CONV_IMPLS
 from fedjax_het.engine.client_store import PLACEMENTS
 from fedjax_het.engine.local import PRECISIONS
 from fedjax_het.schema import (
@@ -46,6 +47,10 @@ ENGINE = {
     "chunk": Key(int, 0, "clients per vmap chunk; 0: automatic (the backend's preference, "
                  "lowered to what fits the device's free memory)", minimum=0),
     "unroll": Key(int, 1, "unrolling of the local-step scan", minimum=1),
+    "conv": Key(str, "auto", "how a CNN's convolutions run in local training: xla (XLA's "
+                "convolution), patches (im2col and a matmul; a vmapped chunk's is a batched "
+                "matmul), auto: the plan's choice for the backend and chunk",
+                choices=("auto", *CONV_IMPLS)),
     "weighting": Key(str, "examples", "how client updates are weighted: by their examples "
                      "(FedAvg's n_k) or all alike", choices=("examples", "uniform")),
     "eval_batch_size": Key(int, 1024, "rows per evaluation batch", minimum=1),
@@ -134,6 +139,7 @@ def run_options(config: Mapping[str, Any]) -> dict[str, Any]:
         "eval_every": config["eval_every"],
         "seed": config["seed"],
         "chunk": engine["chunk"] or None,
+        "conv": engine["conv"],
         "unroll": engine["unroll"],
         "weighting": engine["weighting"],
         "eval_batch_size": engine["eval_batch_size"],

@@ -188,6 +188,7 @@ def round_setup(
         nonfinite=training.nonfinite,
         ring_depth=ring_depth(timing.system, timing.server),
         system=timing.system is not None,
+        conv=engine.conv,
     )
 
 
