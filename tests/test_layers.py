@@ -1,5 +1,6 @@
 """The package's layers: every import goes to its own layer or one below (docs/design.md)."""
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
@@ -52,15 +53,21 @@ def _python_files():
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
-def test_no_module_over_500_lines():
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in _python_files()
-            if (n := len(p.read_text().splitlines())) > 500]  # fmt: skip
-    assert not long, f"modules over 500 lines (split them by what they do): {long}"
+def test_no_module_over_400_lines_without_a_reason_and_none_over_500():
+    long = []
+    for path in _python_files():
+        text = path.read_text()
+        n = len(text.splitlines())
+        explained = "Over 400 lines on purpose" in (ast.get_docstring(ast.parse(text)) or "")
+        if n > 500 or (n > 400 and not explained):
+            long.append(f"{path.relative_to(ROOT)}: {n}")
+    assert not long, (
+        f"modules over 400 lines without a reason at their top, or over 500 (split them by "
+        f"what they do): {long}"
+    )
 
 
 def test_no_function_over_80_lines():
-    import ast
-
     long = []
     for path in _python_files():
         for node in ast.walk(ast.parse(path.read_text())):

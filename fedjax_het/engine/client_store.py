@@ -40,6 +40,9 @@ Stores are static (hashable) under ``jit``.
    is valid. Gathering or scattering with an older one raises (the version
    no longer matches). ``HostStore`` cannot be ``vmap``-ed (ordered effects
    do not batch), so ``sweep`` refuses it.
+
+Over 400 lines on purpose: the two stores share one interface and the choice between them
+(``plan_client_state``) weighs both stores' sizes, so the three stay together.
 """
 
 from __future__ import annotations

@@ -92,6 +92,9 @@ They share the machinery of ``fedjax_het.schema``. This module assembles them: t
 defaults, ``load``, ``options`` (every key with its type, default and description: what
 ``fedjax-het config --all`` and ``fedjax-het explain`` print, ``fedjax_het.front.explain``),
 ``schema`` and ``build``, with the checks between tables.
+
+Over 400 lines on purpose: it assembles every table's schema into one config and holds the
+defaults; each table's keys live in its layer's ``schema.py``.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ per cell) and ``grid.png`` (``plot_grid``).
 (0, 1, 2, 7)
 >>> parse_axis("model.hidden=[50, 50],[100]").texts
 ('[50, 50]', '[100]')
+
+Over 400 lines on purpose: parsing the axes, grouping cells into programs and writing the table
+are the one ``sweep`` command; each step is its own function.
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ when they are ``vmap``-ed (batched matrix products round differently).
 ...              work=LocalWork(batch_size=8, epochs=1), cells=cells, progress=False)
 >>> len(runs), [h.metrics[-1]["round"] for h in runs]
 (4, [4, 4, 4, 4])
+
+Over 400 lines on purpose: the one entry that runs many cells as one program, with the checks
+that refuse what a stacked program cannot run and the chunking of cells that do not fit at
+once.
 """
 
 from __future__ import annotations

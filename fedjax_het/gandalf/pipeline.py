@@ -40,6 +40,9 @@ receive synthetic rows); a GAN group with no client of two or more rows is a
 
 >>> gandalf_options(tau=0.07).gan_groups
 2
+
+Over 400 lines on purpose: it is the paper's pipeline end to end, and most of it is the
+docstrings of the phases' options, kept where they are read.
 """
 
 from __future__ import annotations

@@ -42,6 +42,9 @@ out; training keys use the task index the same way (``EventSchedule.task``).
 ...                    payload_up=0.0, key=jax.random.key(0))
 >>> s.valid.all().item(), s.version.tolist()
 (True, [[0, 0], [0, 1]])
+
+Over 400 lines on purpose: the event loop, task starts and arrivals share one scan carry;
+split, the carry's fields would be defined far from the code that updates them.
 """
 
 from __future__ import annotations

@@ -59,6 +59,9 @@ parameters) written so that, with speeds converted as kbit/s x 125 B/s
 1.0
 >>> float(dev_mc_t(clients, key=jax.random.key(0), mc=mc))  # 2 rounds of 20 + 60 s, over 2 x 20 s
 4.0
+
+Over 400 lines on purpose: the six metrics share the release's two Monte-Carlo loops (the R and
+T runs) and their sampling; each metric is a few lines on top of them.
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ each slot's work and when it ends (``slot_timing``) and stale tasks
 [11.0, 11.0, 11.0]
 >>> s.clock.tolist(), bool((s.outcome == OK).all())
 ([11.0, 22.0, 33.0], True)
+
+Over 400 lines on purpose: the whole run's schedule and one round's (the in-loop path) are the
+same round model and must stay bit for bit equal.
 """
 
 from __future__ import annotations
