@@ -121,7 +121,7 @@ def options(method: str, fault_tolerance: bool, gan_passes: int) -> gandalf.Gand
 
 def main(args: argparse.Namespace) -> None:
     out = common.out_dir(args.out)
-    env = run_results.environment()
+    env = common.environment(args)
     model = models.mlp((28, 28, 1), NUM_CLASSES, hidden=(100,))
     algorithm = fedavg()
     runs_path = out / ("runs-quick.jsonl" if args.quick else "runs.jsonl")

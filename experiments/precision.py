@@ -27,9 +27,10 @@ import json
 import time
 from pathlib import Path
 
+import common
 import numpy as np
+import provenance
 
-from fedjax_het import results
 from fedjax_het.front import config
 from fedjax_het.training import simulate
 
@@ -91,7 +92,11 @@ def main() -> None:
         "--repeats", type=int, default=2, help="runs of each precision, alternating"
     )
     parser.add_argument("--quick", action="store_true", help="30 rounds x 1 repeat, not written")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"default {OUT}")
+    provenance.add_flag(parser)
     args = parser.parse_args()
+    if not args.quick:
+        provenance.guard(args.out, args.allow_dirty)
     rounds, repeats = (30, 1) if args.quick else (args.rounds, args.repeats)
     if rounds < 3 * config.DEFAULTS["eval_every"] or repeats < 1:
         parser.error(f"need rounds >= {3 * config.DEFAULTS['eval_every']} and repeats >= 1")
@@ -113,12 +118,12 @@ def main() -> None:
         "accuracy_gap_bfloat16_minus_float32": gap,
         "validated": valid,
         "speed_ratio_bfloat16_over_float32": ratio if valid else None,
-        "environment": results.environment(),
+        "environment": common.environment(args),
     }
     print(json.dumps({k: v for k, v in report.items() if k != "environment"}, indent=1))
     if not args.quick:
-        OUT.parent.mkdir(exist_ok=True)
-        OUT.write_text(json.dumps(report, indent=2) + "\n")
+        args.out.parent.mkdir(exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
