@@ -136,7 +136,8 @@ def baselines(values: np.ndarray, database: np.ndarray) -> dict[str, float]:
 
 def _kl(a: np.ndarray, m: np.ndarray) -> float:
     """``KL(a || m)`` in bits (``m > 0`` wherever ``a > 0``)."""
-    return float(np.sum(np.where(a > 0, a * np.log2(np.where(a > 0, a, 1) / m), 0)))
+    ratio = np.where(a > 0, a, 1) / np.where(a > 0, m, 1)
+    return float(np.sum(np.where(a > 0, a * np.log2(ratio), 0)))
 
 
 def _js(p: np.ndarray, q: np.ndarray) -> float:
