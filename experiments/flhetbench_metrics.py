@@ -109,10 +109,13 @@ def sets(study: str, n: int, args: argparse.Namespace) -> list[tuple[str, Any]]:
     ]  # fmt: skip
 
 
-def client_values(study: str, profiles) -> tuple[np.ndarray, np.ndarray]:
-    """The clients' values the baselines read, and the database's (module docstring)."""
+def client_values(study: str, profiles, step_time: float) -> tuple[np.ndarray, np.ndarray]:
+    """The clients' values the baselines read, and the database's in the same units (every
+    AI-Benchmark device's step time when the median one takes ``step_time``; module
+    docstring)."""
     step = np.asarray(profiles.step_time, np.float64)
-    database_step = 1.0 / np.asarray(sources.load_devices()["ai_score"], np.float64)
+    scores = np.asarray(sources.load_devices()["ai_score"], np.float64)
+    database_step = step_time * np.median(scores) / scores
     if study == "device":
         return step, database_step
     ready = np.asarray(profiles.availability.ready_per_period, np.float64) / np.asarray(
@@ -125,7 +128,7 @@ def client_values(study: str, profiles) -> tuple[np.ndarray, np.ndarray]:
 
 
 def baselines(values: np.ndarray, database: np.ndarray) -> dict[str, float]:
-    """STD (over the mean), KS and JS of ``values`` against ``database``."""
+    """STD (over the mean), KS and JS of ``values`` against ``database`` (same units)."""
     v, d = values / np.median(database), database / np.median(database)
     bins = np.geomspace(min(v.min(), d.min()), max(v.max(), d.max()) * (1 + 1e-9), 21)
     p, q = np.histogram(v, bins)[0], np.histogram(d, bins)[0]
@@ -171,7 +174,7 @@ def run_study(study: str, exp, args) -> list[dict[str, Any]]:
     kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed", "select")}
     rows = [
         {"study": study, "set": label, **mc_metrics(study, p, exp, steps, args),
-         **baselines(*client_values(study, p))}
+         **baselines(*client_values(study, p, args.step_time))}
         for label, p in labelled
     ]  # fmt: skip
     common_policy = {"overhead": 5.0, "start": 86_400.0, "on_unavailable": "pause"}
