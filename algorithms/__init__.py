@@ -9,6 +9,7 @@ from fedjax_het.algorithms.fedasync import fedasync
 from fedjax_het.algorithms.fedavg import fedadagrad, fedadam, fedavg, fedavgm, fedyogi
 from fedjax_het.algorithms.fedbuff import fedbuff
 from fedjax_het.algorithms.feddyn import feddyn
+from fedjax_het.algorithms.fedkd import fedkd
 from fedjax_het.algorithms.fednova import fednova
 from fedjax_het.algorithms.fedprox import fedprox
 from fedjax_het.algorithms.fedrolex import fedrolex
@@ -35,6 +36,7 @@ __all__ = [
     "fedavgm",
     "fedbuff",
     "feddyn",
+    "fedkd",
     "fednova",
     "fedper",
     "fedprox",

@@ -27,8 +27,9 @@ value (the paper gives no rate) and starts at the first round's value (no
 freezing in round 0). FreezeFL's utility-based client selection and warm
 restarts (Table III's "w/ CS" and "w/ CS,WR" rows) are a selection,
 ``[selection] name = "freezefl"`` (``sampling/freezefl_selection.py``); the plain
-"Freezing" row is this algorithm. Frozen steps cost full compute in
-the schedule (see ``fedjax_het.training.online``).
+"Freezing" row is this algorithm. After its probe a client at depth ``n`` pays
+``step_costs[n]`` of a full step in the schedule, the FLOPs XLA counts for the gradient of
+the layers still training (see ``fedjax_het.training.online``).
 
 >>> import jax.numpy as jnp
 >>> params = {"Dense_0": {"kernel": jnp.ones((3, 2))}, "Dense_1": {"kernel": jnp.ones((2, 1))}}

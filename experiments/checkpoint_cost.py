@@ -32,8 +32,9 @@ from pathlib import Path
 import common
 import jax
 import numpy as np
+import provenance
 
-from fedjax_het import results, rng
+from fedjax_het import rng
 from fedjax_het.engine.client_store import format_bytes
 from fedjax_het.front import config
 from fedjax_het.training import checkpoint, simulate
@@ -101,10 +102,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="2 reps")
+    parser.add_argument("--out", type=Path, default=common.RESULTS / "checkpoint_cost.jsonl")
+    provenance.add_flag(parser)
     args = parser.parse_args()
     reps = 2 if args.quick else args.reps
-    path = common.RESULTS / "checkpoint_cost.jsonl"
-    environment = results.environment()
+    path = args.out
+    provenance.guard(path, args.allow_dirty)
+    environment = common.environment(args)
     rows = []
     for name, overrides in CASES.items():
         rows.append({"case": name, **measure(overrides, reps)})

@@ -2,8 +2,10 @@
 line of a reproduction, interleaved timing, summaries over seeds, and figures.
 
 Every record and JSONL row carries the environment the program read
-(``fedjax_het.results.environment``: versions, device, flags, git revision), so a figure never
-travels without what produced it. A reproduction (``personalisation.py``, ``hdfl_setups.py``...)
+(``fedjax_het.results.environment``: versions, device, flags, git revision) and its
+``provenance`` (``provenance.py``: commit, clean tree, ``--allow-dirty``, command), so a figure
+never travels without what produced it; nothing is written under ``results/`` from a dirty tree
+unless ``--allow-dirty`` says so. A reproduction (``personalisation.py``, ``hdfl_setups.py``...)
 writes into one folder under ``results/`` and has ``--out`` and ``--report`` (redraw from the
 results there, run nothing); a benchmark appends rows to a JSONL file under ``bench_results/``.
 
@@ -26,6 +28,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import provenance
 
 from fedjax_het import results
 
@@ -51,9 +54,17 @@ def out_dir(path: str | Path) -> Path:
     return folder
 
 
+def environment(args: argparse.Namespace) -> Row:
+    """The environment the program read, with the result's ``provenance`` (commit, clean tree,
+    ``--allow-dirty``, command)."""
+    allow_dirty = getattr(args, "allow_dirty", False)
+    return {**results.environment(), "provenance": provenance.stamp(allow_dirty)}
+
+
 def record(args: argparse.Namespace, **fields: Any) -> Row:
-    """A results record: the command line's arguments, the environment, then ``fields``."""
-    return {"args": vars(args), "environment": results.environment(), **fields}
+    """A results record: the command line's arguments, the environment and provenance, then
+    ``fields``."""
+    return {"args": vars(args), "environment": environment(args), **fields}
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -88,8 +99,9 @@ def read_rows(path: Path) -> list[Row]:
 
 def add_output_flags(parser: argparse.ArgumentParser, out: Path, *, resume: bool = False) -> None:
     """A reproduction's ``--out`` (its results folder, default ``out``), ``--resume`` (with
-    ``resume``) and ``--report``."""
+    ``resume``), ``--report`` and ``--allow-dirty`` (``provenance.guard``)."""
     parser.add_argument("--out", default=str(out), help=f"results folder (default {out})")
+    provenance.add_flag(parser)
     if resume:
         parser.add_argument("--resume", action="store_true", help="skip the runs already there")
     parser.add_argument(
@@ -105,11 +117,12 @@ def main_or_report(
 ) -> None:
     """A reproduction's ``__main__``: with ``--report``, ``report(Path(args.out), *[args.<option>
     for each of options])`` from the results already there; else ``main(args)``, which runs and
-    then reports."""
+    then reports, refused from a dirty tree into ``results/`` (``provenance.guard``)."""
     args = parse()
     if args.report:
         report(Path(args.out), *(getattr(args, name) for name in options))
     else:
+        provenance.guard(Path(args.out), args.allow_dirty)
         main(args)
 
 

@@ -52,8 +52,8 @@ from typing import Any
 
 import common
 import numpy as np
+import provenance
 
-from fedjax_het import results as run_results
 from fedjax_het.data import diagnostics
 from fedjax_het.front import config as config_lib
 from fedjax_het.training import simulate
@@ -291,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
         help="partition.max_tries for every beta (default 1000)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
+    provenance.add_flag(p)
     p.add_argument(
         "--report",
         action="store_true",
@@ -308,8 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     betas = parse_betas(args.betas)
     if args.seeds < 1 or args.rounds < 1:
         raise ValueError(f"--seeds and --rounds must be >= 1, got {args.seeds} and {args.rounds}")
+    provenance.guard(args.out, args.allow_dirty)
     args.out.mkdir(parents=True, exist_ok=True)
-    env = run_results.environment()
+    env = common.environment(args)
     results_path.write_text("")
     lines = []
     for beta in betas:

@@ -84,6 +84,7 @@ Usage::
     python experiments/hdfl_setups.py                 # 3 set-ups x 4 methods x 3 seeds
     python experiments/hdfl_setups.py --resume        # skip finished cells
     python experiments/hdfl_setups.py --report        # table and hdfl_setups.png
+    python experiments/hdfl_setups.py --quick --out /tmp/h   # every cell, 1 seed, 2 rounds
 """
 
 from __future__ import annotations
@@ -555,8 +556,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=0, help="0: each set-up's ROUNDS")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument(
+        "--quick", action="store_true", help="every set-up and method at tiny size: 1 seed, 2 rounds"
+    )
     common.add_output_flags(parser, OUT, resume=True)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.rounds, args.eval_every = 1, 2, 1
+    return args
 
 
 if __name__ == "__main__":

@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))  # common and provenance, also when loaded by path
+import common
 import jax
 import numpy as np
+import provenance
 
-from fedjax_het import results
 from fedjax_het.front import config
 from fedjax_het.training import simulate
 
@@ -121,12 +124,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--options", default=",".join(OPTIONS), help="comma list of options")
     parser.add_argument("--quick", action="store_true", help="6 rounds x 1 repeat, not written")
     parser.add_argument("--out", type=Path, help=f"JSON path (default {OUT}; --quick: none)")
+    provenance.add_flag(parser)
     args = parser.parse_args(argv)
     rounds, repeats = (6, 1) if args.quick else (args.rounds, args.repeats)
     eval_every = 2 if args.quick else args.eval_every
     names = [REFERENCE, *(n for n in args.options.split(",") if n != REFERENCE)]
     if set(names) - set(OPTIONS) or rounds < 3 * eval_every or repeats < 1:
         parser.error(f"options from {', '.join(OPTIONS)}; rounds >= 3 x eval_every; repeats >= 1")
+    out = args.out or (None if args.quick else OUT)
+    if out is not None:
+        provenance.guard(out, args.allow_dirty)
     runs = {name: [] for name in names}
     for _ in range(repeats):
         for name in names:
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": repeats,
         "backend": jax.default_backend(),
         "options": rows,
-        "environment": results.environment(),
+        "environment": common.environment(args),
     }
     for name, row in rows.items():
         speed = row["speed_up_over_float32"]
@@ -166,7 +173,6 @@ def main(argv: list[str] | None = None) -> None:
             f"{'-' if speed is None else f'{speed:.2f}x'}",
             flush=True,
         )
-    out = args.out or (None if args.quick else OUT)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")

@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import results as run_results
 from fedjax_het.front import config as config_lib
 from fedjax_het.front.sweep import Cell, sweep
 from fedjax_het.transforms import privacy
@@ -99,7 +98,7 @@ def first_update_norms(clients: int = 20) -> list[float]:
 
 def main(args: argparse.Namespace) -> None:
     out = common.out_dir(args.out)
-    env = run_results.environment()
+    env = common.environment(args)
 
     def write(rows: list[dict[str, Any]], kind: str) -> None:
         lines = [finite({"kind": kind, **r}) for r in rows]

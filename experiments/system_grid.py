@@ -21,7 +21,7 @@ Per cell: final test accuracy, the 10th percentile and standard deviation of per
 accuracy (HDFL's good-intent fairness), rounds and virtual hours to ``--target`` accuracy, the share of
 selected clients whose work was lost, participation Gini and clients never aggregated, and
 InterMC-R (FLHetBench Eq. 1) at this workload: cohort 10, the run's deadline, overhead and
-start, the model's payload and every client's local steps, 1,000 rounds.
+start, the model's payload and every client's local steps, ``--mc-rounds`` rounds (1,000).
 
 Cost: the 16 deadline cells are also run one after another with ``simulate.run``; both wall
 times (compilation included, as a user pays it) are reported, measured in the same invocation.
@@ -30,6 +30,7 @@ Usage::
 
     python experiments/system_grid.py --rounds 200 --deadline 10 --target 0.7  # the README table
     python experiments/system_grid.py --report                # redraw the plot, print the tables
+    python experiments/system_grid.py --quick --out /tmp/g    # every cell at 2 rounds
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def cell_row(history: simulate.History, args: argparse.Namespace) -> dict[str, A
 def inter_mc_r(system: setup.System, steps: np.ndarray, args, payload: float) -> float:
     mc = flhetbench.MonteCarlo(
         cohort_size=args.clients_per_round,
-        rounds=1000,
+        rounds=args.mc_rounds,
         deadline=args.deadline,
         overhead=args.overhead,
         payload=payload,
@@ -123,7 +124,7 @@ def inter_mc_r(system: setup.System, steps: np.ndarray, args, payload: float) ->
 
 def main(args: argparse.Namespace) -> None:
     out = common.out_dir(args.out)
-    exp = config_lib.build(config_lib.load(None, [f"rounds={args.rounds}"]))
+    exp = config_lib.build(config_lib.load(None, [f"rounds={args.rounds}", *args.set]))
     kwargs = {k: v for k, v in exp.run_kwargs().items() if k not in ("system", "seed", "select")}
     spec = simulate.local_spec(exp.model, exp.algorithm, exp.data, exp.work)
     steps = simulate.steps_needed(spec, exp.data.train.count)
@@ -209,7 +210,34 @@ def report(out: Path) -> None:
                 f"({timing['sequential_wall_s'] / timing['batched_wall_s']:.2f}x)"
             )
         print(line)
+        print(correlations(record[name]["cells"]))
     plot(record, names, out / "system_grid.png")
+
+
+def pearson(x: list[float | None], y: list[float | None]) -> tuple[float, int]:
+    """Pearson r over the pairs where both are known, and how many pairs."""
+    pairs = np.array([(a, b) for a, b in zip(x, y) if a is not None and b is not None], float)
+    if len(pairs) < 3 or np.ptp(pairs[:, 0]) == 0 or np.ptp(pairs[:, 1]) == 0:
+        return float("nan"), len(pairs)
+    return float(np.corrcoef(pairs.T)[0, 1]), len(pairs)
+
+
+CORRELATED = (  # (x, y): what FLHetBench's Figs. 6-7 and the investigation read
+    ("inter_mc_r", "final_accuracy"),
+    ("inter_mc_r", "hours_to_target"),
+    ("inter_mc_r", "never_aggregated"),
+    ("never_aggregated", "final_accuracy"),
+    ("inter_mc_r", "client_accuracy_p10"),
+)
+
+
+def correlations(cells: list[dict[str, Any]]) -> str:
+    """Pearson r between the cells' InterMC-R and their outcomes (FLHetBench §5.2.3)."""
+    parts = []
+    for x, y in CORRELATED:
+        r, n = pearson([c[x] for c in cells], [c[y] for c in cells])
+        parts.append(f"r({x}, {y}) = {r:+.2f} (n={n})")
+    return "Pearson " + "; ".join(parts)
 
 
 PANELS = (
@@ -268,8 +296,21 @@ def parse(argv=None) -> argparse.Namespace:
         action="store_false",
         help="skip the 16 one-after-another runs",
     )
+    parser.add_argument("--mc-rounds", type=int, default=1000, help="InterMC-R's rounds")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="a config override, e.g. --set partition.beta=0.1 (repeatable)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="all 16 cells of both policies: 2 rounds, 50 MC rounds"
+    )
     common.add_output_flags(parser, OUT)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.mc_rounds, args.sequential = 2, 50, False
+    return args
 
 
 if __name__ == "__main__":
