@@ -272,3 +272,4 @@ def test_an_in_loop_run_no_client_will_ever_join_is_refused_before_its_directory
     with pytest.raises(ConfigError, match="no client is ever ready again from round 0"):
         run(fedavg(), never, select=select, out_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+

@@ -125,6 +125,7 @@ def in_loop(
                 Schedule(**{name.lstrip("."): jnp.asarray(a) for name, a in stored.items()})
             )
             account()
+    state = _owned(state)
 
     def finished(end: LoopEnd) -> tuple[LoopEnd, Schedule | None]:
         return dataclasses.replace(end, state=end.state.run), _concat(rows) if rows else None
@@ -138,6 +139,16 @@ def in_loop(
         lambda: checkpoint.leaves("schedule", _concat(rows)) if rows else {},
         finished,
     )
+
+
+def _owned(state: online.OnlineState) -> online.OnlineState:
+    """``state`` whose loop fields are buffers of its own. The block donates its state, but the
+    clock starts as the policy's own array (``policy.start``) and the record's fields may share
+    one constant: donated, the policy's would be deleted (a second run of the same system fails)
+    and a buffer donated twice crashes XLA:CPU. The run state is the init's or the
+    checkpoint's own; the copies are ``[N]`` arrays at most."""
+    copies = jax.tree.map(lambda x: jnp.array(x, copy=True), state.replace(run=None))
+    return copies.replace(run=state.run)
 
 
 def _online_round(
