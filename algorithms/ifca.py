@@ -150,8 +150,11 @@ def cluster_mean(clusters: int) -> Aggregator:
     def finalize(sums: PyTree) -> tuple[Update, jax.Array]:
         weighted, total, members = sums
         scale = jnp.maximum(total, 1e-30)
+        # Divided exactly, as FedAvg's mean is (``exact_divide``): k = 1 is FedAvg bit for bit.
         mean = jax.tree.map(
-            lambda s: s / scale.reshape(clusters, *[1] * (s.ndim - 1)).astype(s.dtype), weighted
+            lambda s: s / jax.lax.optimization_barrier(jnp.broadcast_to(
+                scale.reshape(clusters, *[1] * (s.ndim - 1)).astype(s.dtype), s.shape)),
+            weighted,
         )
         return mean, members
 

@@ -229,6 +229,6 @@ def test_adaptive_clipping_from_the_config_records_its_clip_norm():
     experiment = build(load(None, ["privacy.adaptive=true", "privacy.noise_multiplier=0.5",
                                    "privacy.clip_norm=0.1"]))  # fmt: skip
     assert experiment.algorithm.hook(ServerMetrics) is not None
-    with pytest.raises(ConfigError, match=r"dp_noise must lie in \[0, 1\)") as err:
+    with pytest.raises(ConfigError, match=r"privacy.adaptive = true needs privacy.noise_multiplier below 2 x privacy.count_noise") as err:
         build(load(None, ["privacy.adaptive=true", "privacy.noise_multiplier=1.5"]))
     assert "\n" not in str(err.value)

@@ -186,8 +186,9 @@ def test_dropped_units_get_exactly_zero_update_even_with_momentum_and_weight_dec
     def optimizer(h):  # weight decay moves every param whose update is not masked
         return optax.chain(optax.add_decayed_weights(0.1), optax.sgd(h["client_lr"], momentum=0.9))
 
-    algorithm = dataclasses.replace(fjord(widths=WIDTHS, client_levels=LEVELS),
-                                    client_optimizer=optimizer)
+    base_algorithm = fjord(widths=WIDTHS, client_levels=LEVELS)
+    algorithm = dataclasses.replace(
+        base_algorithm, local=dataclasses.replace(base_algorithm.local, optimizer=optimizer))
     key, train = rng.seed_key(3), base.device_split(base.make_store())
     spec, hyper = make_round(algorithm).spec, algorithm.hyper()
     state = init_state(MLP, algorithm, base.N, hyper, key)
