@@ -315,10 +315,8 @@ def _run_chunk(
             recorder.record(done, _take(block_metrics, j), _take(ev, j))
 
     chunk_keys, chunk_hyper = shared.keys[rows], _take(shared.hypers, rows)
-    # Not donated: a sweep's donated state crashed XLA:CPU (a segfault in the README's sweep,
-    # 2026-11-29, not yet understood); each block copies the cells' state instead.
     block, evaluate = setup.programs(
-        chunk_keys, cells=True, hyper=chunk_hyper, cell_batch=shared.batch, donate=False
+        chunk_keys, cells=True, hyper=chunk_hyper, cell_batch=shared.batch
     )
     state, done = setup.init(chunk_keys, cells=True, hyper=chunk_hyper), 0
     if resumed:
