@@ -61,6 +61,7 @@ from fedjax_het.engine.algorithm import (
     FederatedAlgorithm,
     LocalContext,
     delta_update,
+    exact_divide,
     mean_loss,
 )
 from fedjax_het.engine.hooks import Personalized, ServerMetrics
@@ -150,12 +151,8 @@ def cluster_mean(clusters: int) -> Aggregator:
     def finalize(sums: PyTree) -> tuple[Update, jax.Array]:
         weighted, total, members = sums
         scale = jnp.maximum(total, 1e-30)
-        # Divided exactly, as FedAvg's mean is (``exact_divide``): k = 1 is FedAvg bit for bit.
-        mean = jax.tree.map(
-            lambda s: s / jax.lax.optimization_barrier(jnp.broadcast_to(
-                scale.reshape(clusters, *[1] * (s.ndim - 1)).astype(s.dtype), s.shape)),
-            weighted,
-        )
+        # Divided exactly, as FedAvg's mean is: k = 1 is FedAvg bit for bit.
+        mean = jax.tree.map(lambda s: exact_divide(s, scale), weighted)
         return mean, members
 
     return Aggregator(contribute, finalize)

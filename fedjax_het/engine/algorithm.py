@@ -110,11 +110,13 @@ def weighted_or_zero(weight: jax.Array, value: jax.Array) -> jax.Array:
     return jnp.where(weight > 0, weight.astype(value.dtype) * value, 0)
 
 
-def exact_divide(x: jax.Array, scalar: jax.Array) -> jax.Array:
-    """``x / scalar`` correctly rounded in every entry. XLA rewrites a division by a
-    broadcast scalar into a multiply by its reciprocal (1 ulp off in about a third of
-    the entries); the barrier on the broadcast keeps the division."""
-    return x / jax.lax.optimization_barrier(jnp.broadcast_to(scalar.astype(x.dtype), x.shape))
+def exact_divide(x: jax.Array, divisor: jax.Array) -> jax.Array:
+    """``x / divisor`` correctly rounded in every entry; ``divisor`` is a scalar or has
+    ``x``'s leading axes (one divisor per row, e.g. per cluster). XLA rewrites a division by
+    a broadcast divisor into a multiply by its reciprocal (1 ulp off in about a third of the
+    entries); the barrier on the broadcast keeps the division."""
+    divisor = divisor.astype(x.dtype).reshape(*divisor.shape, *[1] * (x.ndim - divisor.ndim))
+    return x / jax.lax.optimization_barrier(jnp.broadcast_to(divisor, x.shape))
 
 
 def _float_dtype(tree: PyTree) -> jnp.dtype:
