@@ -180,6 +180,30 @@ def test_runs_are_deterministic_and_report_consistently():
     assert first.targets[0.99]["round"] is None or first.summary["best_accuracy"] >= 0.99
 
 
+def test_progress_shows_bars_of_the_gan_phase_and_the_rounds_and_nothing_when_off(capsys):
+    data = make_data()
+    options = gandalf.gandalf_options(gan_groups=2, **TINY_GAN)
+    run = lambda progress: gandalf.run_gandalf(
+        data, LOGREG, ALGORITHM, options, rounds=2, work=WORK, hyper=HYPER, progress=progress
+    )
+    run(True)
+    out, err = capsys.readouterr()
+    visits = 2 * gan_members(data, options)  # 2 passes over the largest group's members
+    assert "GAN phase (2 groups): 100%" in err and f"{visits}/{visits}" in err
+    assert "visit" in err and "wasserstein=" in err and "synthetic rows: 100%" in err
+    assert "mediator rounds: 100%" in err and "2/2" in err and "acc=" in err
+    assert "synthetic rows added" in out and "gandalf: 2 rounds" in out
+    run(False)
+    assert capsys.readouterr() == ("", "")
+
+
+def gan_members(data, options) -> int:
+    """Member slots of the largest GAN group (the bar's visits per pass)."""
+    counts = rebalance.class_counts(data.train, C)
+    groups = rebalance.label_groups(counts, options.gan_groups, 0)
+    return int(np.bincount(groups).max())
+
+
 def test_mediator_only_equals_run_mediator_on_kl_groups():
     data = make_data()
     options = gandalf.gandalf_options(gan=False, group_size=2, passes=2, fault_tolerance=False,
