@@ -2,7 +2,8 @@
 
 Losses are checked against a float64 numpy forward pass of the same weights
 with central finite differences for the critic's input gradient; the scan
-over member slots against a plain per-client Python loop.
+over member slots against a plain per-client Python loop, and its split into calls (for the
+progress bar) bit for bit against one scan.
 """
 
 import jax
