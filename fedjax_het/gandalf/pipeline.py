@@ -355,7 +355,7 @@ def _training_data(
 ) -> tuple[FederatedData, np.ndarray]:
     """The data the mediators train on and the origin of each of its training rows: with
     ``options.gan`` the augmented data (phases 1-2, or ``augmented`` when given), else ``data``
-    with every row real. ``progress``: the GAN phase's bar and a line at its end."""
+    with every row real. ``progress``: the bars of phases 1-2 and a line at their end."""
     if options.gan:
         if augmented is None:
             augmented = gandalf_data(data, options, seed=seed, progress=progress)
