@@ -135,7 +135,7 @@ def main(args: argparse.Namespace) -> None:
                 opts = options(method, fault_tolerance, args.gan_passes)
                 if method == "gandalf" and augmented is None:
                     tick = time.perf_counter()
-                    augmented = gandalf.gandalf_data(data, opts, seed=seed)
+                    augmented = gandalf.gandalf_data(data, opts, seed=seed, progress=True)
                     gan_wall = time.perf_counter() - tick
                     print(f"seed {seed}: GANs trained, {int(augmented.synthetic.sum())} rows "
                           f"added in {gan_wall:.0f} s", flush=True)  # fmt: skip

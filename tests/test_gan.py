@@ -2,7 +2,8 @@
 
 Losses are checked against a float64 numpy forward pass of the same weights
 with central finite differences for the critic's input gradient; the scan
-over member slots against a plain per-client Python loop.
+over member slots against a plain per-client Python loop, and its split into calls (for the
+progress bar) bit for bit against one scan.
 """
 
 import jax
@@ -119,6 +120,51 @@ def test_scan_over_members_matches_a_per_client_loop():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+def one_scan(gan, train, members, key, passes, batch_size):
+    """Reference: the visits as ONE jitted program, ``vmap`` over groups of a ``lax.scan`` over
+    all ``passes * S`` member slots (the GAN phase before it was split into calls)."""
+    x, y = jnp.asarray(train.x), jnp.asarray(train.y)
+    offset, count = jnp.asarray(train.offset), jnp.asarray(train.count)
+    train_stream = rng.stream(key, "gan_train")
+    passes_idx = jnp.repeat(jnp.arange(passes), members.shape[1])
+
+    def one_group(group_id, member_ids):
+        def visit(state, slot):
+            pass_idx, client = slot
+            k = jnp.maximum(client, 0)
+            visit_key = rng.client_key(rng.round_key(train_stream, pass_idx), k)
+            new, metrics = gan.client_visit(state, x, y, offset[k], count[k], visit_key, batch_size)
+            keep = lambda a, b: jnp.where(client >= 0, a, b)
+            nan = lambda m: jnp.where(client >= 0, m, jnp.nan)
+            return jax.tree.map(keep, new, state), jax.tree.map(nan, metrics)
+
+        state = gan.init(rng.client_key(rng.stream(key, "gan_init"), group_id))
+        return jax.lax.scan(visit, state, (passes_idx, jnp.tile(member_ids, passes)))
+
+    return jax.jit(jax.vmap(one_group))(jnp.arange(members.shape[0]), jnp.asarray(members))
+
+
+def test_visits_split_into_calls_are_the_bits_of_one_scan():
+    """3 ragged groups (sizes 3, 2, 1: padding slots), 2 passes = 6 visits a group, split
+    into calls of 1 visit (the default for so few) and of 4 (the last call padded): the same
+    bits as one scan."""
+    train = two_class_clients([5, 4, 6, 3, 7, 4])
+    groups = np.array([0, 1, 0, 2, 1, 0])
+    gan = gan_lib.wgan_gp(4, 2, hidden=(6,), latent_dim=3, critic_lr=1e-2, generator_lr=1e-2)
+    key = jax.random.key(7)
+    members = gan_lib.group_members(groups, train.count)
+    assert members.shape == (3, 3)
+    want = one_scan(gan, train, members, key, passes=2, batch_size=8)
+    assert np.asarray(want[1].wasserstein).shape == (3, 6)
+    for visits_per_call in (None, 4):
+        got = gan_lib.train_sequential(
+            gan, train, groups, key=key, passes=2, batch_size=8, visits_per_call=visits_per_call
+        )
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_thirty_steps_are_deterministic_and_the_critic_finds_the_gap():
     """30 generator steps (5 clients x 2 passes x T_g = 3): same key, same bits; the
     critic's Wasserstein estimate rises from ~0 at the random initialisation (the
@@ -202,3 +248,7 @@ def test_bad_inputs():
         gan_lib.train_sequential(gan, train, np.zeros(2, int), key=jax.random.key(0))
     with pytest.raises(ValueError, match="passes"):
         gan_lib.train_sequential(gan, train, np.zeros(3, int), key=jax.random.key(0), passes=0)
+    with pytest.raises(ValueError, match="visits_per_call"):
+        gan_lib.train_sequential(
+            gan, train, np.zeros(3, int), key=jax.random.key(0), visits_per_call=0
+        )

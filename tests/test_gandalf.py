@@ -15,6 +15,9 @@
   ``kl_groups`` of the same data (bitwise). Virtual seconds at each evaluation
   equal the running sum of round durations (rtol 1e-6) and the rounds/seconds
   to each target are re-derived by a loop over the evaluations.
+- Progress: with ``progress`` the GAN phase's, the synthetic rows' and the mediator rounds'
+  bars reach 100% on stderr; without it (and with the CLI's ``--no-progress``) nothing is
+  printed.
 """
 
 from __future__ import annotations
@@ -180,6 +183,30 @@ def test_runs_are_deterministic_and_report_consistently():
     assert first.targets[0.99]["round"] is None or first.summary["best_accuracy"] >= 0.99
 
 
+def test_progress_shows_bars_of_the_gan_phase_and_the_rounds_and_nothing_when_off(capsys):
+    data = make_data()
+    options = gandalf.gandalf_options(gan_groups=2, **TINY_GAN)
+    run = lambda progress: gandalf.run_gandalf(
+        data, LOGREG, ALGORITHM, options, rounds=2, work=WORK, hyper=HYPER, progress=progress
+    )
+    run(True)
+    out, err = capsys.readouterr()
+    visits = 2 * gan_members(data, options)  # 2 passes over the largest group's members
+    assert "GAN phase (2 groups): 100%" in err and f"{visits}/{visits}" in err
+    assert "visit" in err and "wasserstein=" in err and "synthetic rows: 100%" in err
+    assert "mediator rounds: 100%" in err and "2/2" in err and "acc=" in err
+    assert "synthetic rows added" in out and "gandalf: 2 rounds" in out
+    run(False)
+    assert capsys.readouterr() == ("", "")
+
+
+def gan_members(data, options) -> int:
+    """Member slots of the largest GAN group (the bar's visits per pass)."""
+    counts = rebalance.class_counts(data.train, C)
+    groups = rebalance.label_groups(counts, options.gan_groups, 0)
+    return int(np.bincount(groups).max())
+
+
 def test_mediator_only_equals_run_mediator_on_kl_groups():
     data = make_data()
     options = gandalf.gandalf_options(gan=False, group_size=2, passes=2, fault_tolerance=False,
@@ -220,15 +247,17 @@ def test_the_cli_runs_mediated_algorithms_and_their_config_reproduces_them(name,
 
     assert _cli("run", "--set", f"algorithm.name={name!r}", "--out", str(tmp_path / "a"),
                 "--no-progress") == 0
-    assert "best test accuracy" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "best test accuracy" in out and "GAN phase" not in err and "rounds:" not in err
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert (summary["synthetic_rows"] > 0) == (name == "gandalf")
     lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     from fedjax_het.front import cli
 
-    assert cli.main(["run", str(tmp_path / "a" / "config.toml"), "--out", str(tmp_path / "b"),
-                     "--no-progress"]) == 0
+    assert cli.main(["run", str(tmp_path / "a" / "config.toml"), "--out", str(tmp_path / "b")]) == 0
+    err = capsys.readouterr().err  # with progress: the bars
+    assert "mediator rounds: 100%" in err and ("GAN phase" in err) == (name == "gandalf")
     again = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert {k: v for k, v in again.items() if "wall" not in k} == {
         k: v for k, v in summary.items() if "wall" not in k}

@@ -8,8 +8,10 @@ client the generator takes ``T_g = 3`` steps, each after ``T_d = 2`` critic
 steps, on batches of that client's data (``WGANGP.client_visit``: a visit is
 ``T_g * T_d`` critic and ``T_g`` generator steps). :func:`train_sequential`
 runs this as a ``lax.scan`` over the group's member slots (padding slots
-masked: the state passes through unchanged) and ``vmap`` over groups;
-:func:`generators` turns the trained GANs into ``rebalance.Generator`` hooks.
+masked: the state passes through unchanged) and ``vmap`` over groups, the
+slots split into calls of one compiled program (a progress bar moves after
+each; the split changes no bit); :func:`generators` turns the trained GANs
+into ``rebalance.Generator`` hooks.
 
 Decisions where the paper is silent or differs:
 
@@ -37,6 +39,7 @@ from fedjax_het import rng
 from fedjax_het.data.federated import ClientArrays
 from fedjax_het.gandalf.rebalance import Generator
 from fedjax_het.gandalf.wgan import WGANGP, GANMetrics, GANState, gradient_penalty, wgan_gp
+from fedjax_het.training import progress as progress_bar
 from fedjax_het.typing import Params, PRNGKey
 
 __all__ = [
@@ -85,6 +88,8 @@ def train_sequential(
     key: PRNGKey,
     passes: int = 1,
     batch_size: int = 256,
+    progress: bool = False,
+    visits_per_call: int | None = None,
 ) -> tuple[GANState, GANMetrics]:
     """One GAN per group, passed client to client ``passes`` times (GANDALF Algorithm 1).
 
@@ -98,6 +103,10 @@ def train_sequential(
         ``fold_in(fold_in(stream(key, "gan_train"), p), k)``.
       passes: sweeps over each group's members, in client-id order.
       batch_size: rows per critic or generator batch (256 in GANDALF).
+      progress: a bar of the visits (``passes * S`` member slots, the groups side by
+        side) with the critic's mean Wasserstein estimate of the last ones.
+      visits_per_call: member slots per call of the one compiled program (the bar moves
+        after each); None: about 1/25 of them. The GANs are the same bits whatever it is.
 
     Returns:
       ``(states, metrics)``: the ``[G, ...]`` stacked GANs and ``[G, passes * S]``
@@ -110,30 +119,60 @@ def train_sequential(
         raise ValueError(f"examples have {features} features but the GAN has {gan.features}")
     if train.y.size and (train.y.min() < 0 or train.y.max() >= gan.num_classes):
         raise ValueError(f"labels must lie in [0, {gan.num_classes}) for this GAN")
+    if visits_per_call is not None and visits_per_call < 1:
+        raise ValueError(f"visits_per_call must be >= 1 or None, got {visits_per_call}")
     members = group_members(groups, train.count)
     x = jnp.asarray(train.x.reshape(train.x.shape[0], features), jnp.float32)
-    return _train_groups(
-        gan,
-        x,
-        jnp.asarray(train.y),
-        jnp.asarray(train.offset),
-        jnp.asarray(train.count),
-        jnp.asarray(members),
-        key,
-        passes,
-        batch_size,
+    rows = (x, jnp.asarray(train.y), jnp.asarray(train.offset), jnp.asarray(train.count))
+    visits = members.shape[1] * passes
+    chunk = visits_per_call or -(-visits // _CALLS)
+    states = _init_groups(gan, key, members.shape[0])
+    bar = progress_bar.bar(
+        visits, desc=f"GAN phase ({members.shape[0]} groups)", unit="visit", progress=progress
     )
+    parts = []
+    for first in range(0, visits, chunk):
+        slots = _visit_slots(members, passes, first, chunk)
+        states, metrics = _train_visits(gan, states, *rows, *slots, key, batch_size)
+        parts.append(jax.device_get(metrics))
+        done = min(chunk, visits - first)
+        bar.update(done)
+        bar.set_postfix_str(f"wasserstein={np.nanmean(parts[-1].wasserstein[:, :done]):.3f}")
+    bar.close()
+    metrics = jax.tree.map(lambda *m: np.concatenate(m, axis=1)[:, :visits], *parts)
+    return states, metrics
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7, 8))
-def _train_groups(gan, x, y, offset, count, members, key, passes, batch_size):
+_CALLS = 25
+"""Calls of the visits program a GAN phase is split into by default (fewer if fewer visits)."""
+
+
+def _visit_slots(
+    members: np.ndarray, passes: int, first: int, chunk: int
+) -> tuple[jax.Array, jax.Array]:
+    """``([chunk] pass index, [G, chunk] client id)`` of visits ``first : first + chunk`` of
+    the ``passes * S`` member slots in order, padded with client -1 (no visit) past the end."""
+    size = members.shape[1]
+    order = np.arange(first, first + chunk)
+    inside = order < size * passes
+    pass_idx = np.where(inside, order // size, 0).astype(np.int32)
+    clients = np.where(inside, members[:, order % size], -1).astype(np.int32)
+    return jnp.asarray(pass_idx), jnp.asarray(clients)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init_groups(gan, key, num_groups):
     init_stream = rng.stream(key, "gan_init")
+    return jax.vmap(lambda g: gan.init(rng.client_key(init_stream, g)))(jnp.arange(num_groups))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 9))
+def _train_visits(gan, states, x, y, offset, count, pass_idx, clients, key, batch_size):
+    """The ``[G]`` GANs after the visits ``(pass_idx [V], clients [G, V])`` (client -1: the
+    state passes through, metrics NaN): ``vmap`` over groups of a ``lax.scan`` over visits."""
     train_stream = rng.stream(key, "gan_train")
-    passes_idx = jnp.repeat(jnp.arange(passes), members.shape[1])
 
-    def one_group(group_id, member_ids):
-        slots = jnp.tile(member_ids, passes)
-
+    def one_group(state, member_ids):
         def visit(state, slot):
             pass_idx, client = slot
             active = client >= 0
@@ -146,10 +185,9 @@ def _train_groups(gan, x, y, offset, count, members, key, passes, batch_size):
             metrics = jax.tree.map(lambda m: jnp.where(active, m, jnp.nan), metrics)
             return state, metrics
 
-        state = gan.init(rng.client_key(init_stream, group_id))
-        return lax.scan(visit, state, (passes_idx, slots))
+        return lax.scan(visit, state, (pass_idx, member_ids))
 
-    return jax.vmap(one_group)(jnp.arange(members.shape[0]), members)
+    return jax.vmap(one_group)(states, clients)
 
 
 def generators(gan: WGANGP, states: GANState) -> list[Generator]:

@@ -98,6 +98,7 @@ from fedjax_het.gandalf.slots import GroupPlan, Timing, timing
 from fedjax_het.models import Model
 from fedjax_het.system.profiles import ClientProfiles, uniform_profiles, validate
 from fedjax_het.training import checkpoint, interrupt
+from fedjax_het.training import progress as progress_bar
 from fedjax_het.training.costs import payload_bytes
 from fedjax_het.training.metrics import evaluate
 from fedjax_het.typing import Params
@@ -185,6 +186,7 @@ def run_mediator(
     eval_batch_size: int = 256,
     chunk: int | None = None,
     continuation: Continuation = Continuation(),
+    progress: bool = True,
 ) -> MediatorHistory:
     """GANDALF's phase-3 training (Algorithm 3) for ``rounds`` rounds, in ``lax.scan`` blocks.
 
@@ -207,6 +209,7 @@ def run_mediator(
       eval_batch_size: test rows per evaluation batch.
       chunk: groups per ``vmap`` (None: all).
       continuation: a checkpoint to continue from, and what to write as the run goes.
+      progress: a bar of the rounds done, with the test accuracy of the last evaluation.
     """
     profiles = _checked_profiles(data, groups, profiles, rounds=rounds, eval_every=eval_every)
     num_clients = data.num_clients
@@ -236,6 +239,7 @@ def run_mediator(
         eval_every=eval_every,
         eval_batch_size=eval_batch_size,
         continuation=continuation,
+        progress=progress,
     )
 
 
@@ -274,6 +278,7 @@ def _run_blocks(
     eval_every: int,
     eval_batch_size: int,
     continuation: Continuation,
+    progress: bool,
 ) -> MediatorHistory:
     """``rounds`` rounds from ``state`` (or from ``continuation.loaded``) in ``lax.scan``
     blocks ending at multiples of ``eval_every``, each followed by an evaluation of the
@@ -289,6 +294,9 @@ def _run_blocks(
     if go.loaded is not None:
         like = jax.eval_shape(block, state, jnp.arange(1, dtype=jnp.int32), *inputs)[1]
         state, rows, evaluations, done = _restored(go.loaded, state, like)
+    bar = progress_bar.bar(
+        rounds, desc="mediator rounds", unit="round", progress=progress, initial=done
+    )
     with interrupt.deferred() as pending:
         saved_at, stopped = done, None
         while done < rounds:
@@ -306,6 +314,8 @@ def _run_blocks(
                 "loss": float(ev["loss"]), "accuracy": float(ev["accuracy"]),
             })  # fmt: skip
             go.on_eval(evaluations[-1])
+            bar.update(size)
+            bar.set_postfix_str(progress_bar.accuracy(evaluations[-1]["accuracy"]))
             due = go.checkpoint_every and done // go.checkpoint_every > before // go.checkpoint_every
             if go.save is not None and (due or done == rounds):
                 go.save(done, _arrays(state, rows), evaluations)
@@ -314,6 +324,7 @@ def _run_blocks(
             stopped = pending.agreed()
         if go.save is not None and stopped is not None and saved_at != done:
             go.save(done, _arrays(state, rows), evaluations)
+    bar.close()
     plans, metrics = _concat(rows) if rows else (None, {})
     history = MediatorHistory(
         params=jax.device_get(algorithm.global_params(state.server_state)),

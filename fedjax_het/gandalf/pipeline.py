@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -170,11 +170,15 @@ def gandalf_options(**kwargs: Any) -> GandalfOptions:
     return options
 
 
-def gandalf_data(data: FederatedData, options: GandalfOptions, *, seed: int) -> rebalance.Augmented:
+def gandalf_data(
+    data: FederatedData, options: GandalfOptions, *, seed: int, progress: bool = False
+) -> rebalance.Augmented:
     """Phases 1-2: label groups, one WGAN-GP per group, synthetic rows in the flat store.
 
     Keys: ``stream(seed_key(seed), "gandalf_gan")`` for the GANs and
     ``"gandalf_augment"`` for the generated and static rows; K-Means is seeded by ``seed``.
+    ``progress``: bars of the GANs' client visits (``gan.train_sequential``) and of the
+    clients given synthetic rows (``rebalance.augment``).
     """
     counts = rebalance.class_counts(data.train, data.num_classes)
     if options.gan_groups > data.num_clients:
@@ -201,6 +205,7 @@ def gandalf_data(data: FederatedData, options: GandalfOptions, *, seed: int) -> 
         key=rng.stream(key, "gandalf_gan"),
         passes=options.gan_passes,
         batch_size=options.gan_batch_size,
+        progress=progress,
     )
     added = rebalance.augmentation_counts(
         counts,
@@ -210,7 +215,9 @@ def gandalf_data(data: FederatedData, options: GandalfOptions, *, seed: int) -> 
         static_cap=options.static_cap,
     )
     generators = gan_lib.generators(network, states)
-    return rebalance.augment(data, added, generators, key=rng.stream(key, "gandalf_augment"))
+    return rebalance.augment(
+        data, added, generators, key=rng.stream(key, "gandalf_augment"), progress=progress
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +280,9 @@ def run_gandalf(
       targets: test accuracies in (0, 1] whose rounds and virtual seconds are reported.
       augmented: phases 1-2 already run by :func:`gandalf_data` on ``data`` with these
         options and ``seed`` (reused across runs that differ only in timing); only with ``gan``.
-      progress: print one line per phase.
+      progress: bars of the GAN phase's client visits (with the critic's Wasserstein
+        estimate), of the clients given synthetic rows and of the mediator rounds (with the
+        test accuracy), and one line at the end of each phase.
       continuation: a checkpoint to continue from and what to write as the run goes
         (``run_dir.run_in_dir``). Phases 1-2 are computed again on a resume (the same
         rows: every key comes from ``seed``).
@@ -287,7 +296,9 @@ def run_gandalf(
     say = print if progress else (lambda *_: None)
     began = time.perf_counter()
     with interrupt.raised():
-        data, origin = _training_data(data, options, augmented, seed=seed, say=say, began=began)
+        data, origin = _training_data(
+            data, options, augmented, seed=seed, progress=progress, began=began
+        )
     gan_seconds = time.perf_counter() - began
     groups = kl_groups(
         rebalance.class_counts(data.train, data.num_classes),
@@ -298,7 +309,7 @@ def run_gandalf(
         data, model, algorithm, groups, rounds=rounds, work=work, max_wait=options.max_wait,
         heartbeat=options.heartbeat if options.fault_tolerance else None,
         passes=options.passes, profiles=profiles, hyper=hyper, seed=seed, start=start,
-        eval_every=eval_every, chunk=options.chunk, continuation=continuation,
+        eval_every=eval_every, chunk=options.chunk, continuation=continuation, progress=progress,
     )  # fmt: skip
     train_seconds = time.perf_counter() - began - gan_seconds
     evaluations = [evaluation_line(ev, start) for ev in history.evaluations]
@@ -339,19 +350,21 @@ def _training_data(
     augmented: rebalance.Augmented | None,
     *,
     seed: int,
-    say: Callable[[str], object],
+    progress: bool,
     began: float,
 ) -> tuple[FederatedData, np.ndarray]:
     """The data the mediators train on and the origin of each of its training rows: with
     ``options.gan`` the augmented data (phases 1-2, or ``augmented`` when given), else ``data``
-    with every row real."""
+    with every row real. ``progress``: the bars of phases 1-2 and a line at their end."""
     if options.gan:
-        augmented = gandalf_data(data, options, seed=seed) if augmented is None else augmented
+        if augmented is None:
+            augmented = gandalf_data(data, options, seed=seed, progress=progress)
         if augmented.data.num_clients != data.num_clients:
             raise ValueError("augmented data has another number of clients than data")
         data, origin = augmented.data, augmented.origin
-        say(f"gandalf: {int(augmented.synthetic.sum())} synthetic rows added "
-            f"({time.perf_counter() - began:.1f} s)")  # fmt: skip
+        if progress:
+            print(f"gandalf: {int(augmented.synthetic.sum())} synthetic rows added "
+                  f"({time.perf_counter() - began:.1f} s)")  # fmt: skip
     else:
         origin = np.full(data.train.y.shape[0], rebalance.REAL, np.int8)
     return data, origin

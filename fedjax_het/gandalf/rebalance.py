@@ -67,6 +67,7 @@ import numpy as np
 
 from fedjax_het import rng
 from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het.training import progress as progress_bar
 from fedjax_het.typing import PRNGKey
 
 Generator = Callable[[PRNGKey, np.ndarray], jax.Array]  # (key, labels [n]) -> features [n, ...]
@@ -301,6 +302,7 @@ def augment(
     generators: Sequence[Generator] | None,
     *,
     key: PRNGKey,
+    progress: bool = False,
 ) -> Augmented:
     """Adds ``counts``' synthetic rows to every client's training rows.
 
@@ -314,6 +316,7 @@ def augment(
       counts: from :func:`augmentation_counts` on ``class_counts(data.train, ...)``.
       generators: one per GAN of ``counts.gan``, or None when ``counts`` has no GAN rows.
       key: root key of the draws.
+      progress: a bar of the clients done.
     """
     train = data.train
     num_clients, num_classes = counts.static.shape
@@ -335,6 +338,7 @@ def augment(
     generate_stream, static_stream = rng.stream(key, "generate"), rng.stream(key, "static")
     classes = np.arange(num_classes)
     xs, ys, origins = [], [], []
+    bar = progress_bar.bar(num_clients, desc="synthetic rows", unit="client", progress=progress)
     for k in range(num_clients):
         x_k, y_k = train.client(k)
         parts_x, parts_y = [x_k], [y_k]
@@ -355,6 +359,8 @@ def augment(
         xs.append(np.concatenate(parts_x))
         ys.append(np.concatenate(parts_y))
         origins.append(np.concatenate(parts_origin))
+        bar.update()
+    bar.close()
     augmented = ClientArrays.from_clients(xs, ys)
     return Augmented(
         data=FederatedData(augmented, data.test, data.num_classes, data.name),

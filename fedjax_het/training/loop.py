@@ -14,12 +14,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from tqdm.auto import tqdm
 
 from fedjax_het.engine.round import RunState
 from fedjax_het.system.schedule import Schedule
 from fedjax_het.training import interrupt
+from fedjax_het.training import progress as progress_bar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +70,7 @@ def train_loop(
         if done == 0:
             on_eval(0, None, ev)
         compile_s, saved_at, stopped, stop = None, done, None, False
-        bar = tqdm(
-            total=rounds, initial=done, desc=f"{unit}s", unit=unit, disable=not progress, leave=True
-        )
+        bar = progress_bar.bar(rounds, desc=f"{unit}s", unit=unit, progress=progress, initial=done)
         while done < rounds:
             stopped = pending.agreed()  # once per block, at the same point in every process
             if stopped is not None:
@@ -93,7 +90,7 @@ def train_loop(
             ev = jax.device_get(evaluate(state))
             stop = on_eval(done, block_metrics, ev)
             bar.update(size)
-            bar.set_postfix_str(_accuracy(ev["accuracy"]))
+            bar.set_postfix_str(progress_bar.accuracy(ev["accuracy"]))
             if stop:
                 break
             due = checkpoint_every and done // checkpoint_every > before // checkpoint_every
@@ -107,16 +104,3 @@ def train_loop(
             save(done, state)
         bar.close()
     return LoopEnd(state, ev, compile_s, done, stopped)
-
-
-def _accuracy(accuracy) -> str:
-    """The progress bar's accuracy: one run's, or a sweep's cells' range (not their mean, which
-    mixes settings that may differ by tens of points).
-
-    >>> _accuracy(0.5), _accuracy([0.5, 0.25, 0.75])
-    ('acc=0.500', 'acc 0.250-0.750 over 3 cells')
-    """
-    values = np.atleast_1d(np.asarray(accuracy, np.float64))
-    if values.size == 1:
-        return f"acc={values[0]:.3f}"
-    return f"acc {values.min():.3f}-{values.max():.3f} over {values.size} cells"
