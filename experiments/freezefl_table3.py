@@ -210,6 +210,9 @@ def base_sets(spec: SetupSpec, capability: str, seed: int, folder: Path) -> list
         f"local.epochs={EPOCHS}", f"rounds={spec.rounds}", "eval_every=1", f"seed={seed}",
         *spec.overrides, 'policy.kind="wait_all"', f"system.seed={seed}",
         f"system.step_time={spec.step_time}", 'engine.nonfinite="drop"',
+        # One device: the char LSTM's scan, vmapped inside the cohort's shard_map over several
+        # devices, fails to trace in JAX 0.10 (a context-mesh error in broadcast_in_dim).
+        "engine.devices=1",
     ]  # fmt: skip
     if capability == "flash":
         return [*sets, 'system.devices="flash"', 'system.network="flash"']
