@@ -57,7 +57,7 @@ TARGET_S = 2.0  # the target: a warm run's first round within 2 s of process sta
 # The child: `fedjax-het run` (fedjax_het.front.cli.main), with timestamps. Its first argument is
 # where it writes them; the rest is the command line.
 CHILD = r"""
-import json, sys, time
+import dataclasses, inspect, json, sys, time
 T = {"start": time.time()}
 from fedjax_het.front import cli, config as config_lib
 from fedjax_het.training import simulate
@@ -91,7 +91,10 @@ def timed_report(*args, **kwargs):
 def timed_run(*args, **kwargs):
     def on_eval(line):
         evals.append({"round": line["round"], "t": time.time(), **spans})
-    return run(*args, **kwargs, on_eval=on_eval)
+    bound = inspect.signature(run).bind(*args, **kwargs)
+    bound.apply_defaults()
+    bound.arguments["output"] = dataclasses.replace(bound.arguments["output"], on_eval=on_eval)
+    return run(*bound.args, **bound.kwargs)
 
 config_lib.build, diagnostics.save_report, simulate.run = timed_build, timed_report, timed_run
 code = cli.main(sys.argv[2:])
