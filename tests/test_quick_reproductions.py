@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +23,15 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 
 def quick(script: str, out: Path) -> None:
+    """``script --quick`` in a process of its own on one CPU device, as a user runs it (not
+    the conftest's four fake devices, over which every run would shard and compile anew)."""
+    env = {**os.environ}
+    env["XLA_FLAGS"] = re.sub(
+        r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")
+    ).strip()
     done = subprocess.run(
         [sys.executable, str(EXPERIMENTS / script), "--quick", "--out", str(out)],
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,
