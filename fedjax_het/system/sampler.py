@@ -85,15 +85,14 @@ class ClientRecord:
 
     @classmethod
     def empty(cls, num_clients: int) -> ClientRecord:
-        # Each field its own array: the in-loop block donates its state, and a buffer donated
-        # twice crashes XLA.
-        nan = lambda: jnp.full((num_clients,), jnp.nan)
-        zero = lambda: jnp.zeros((num_clients,), jnp.int32)
-        never = lambda: jnp.full((num_clients,), -1, jnp.int32)
+        # Fields share arrays: the in-loop block, which donates its state, copies every leaf
+        # of it first (``strategies._owned``).
+        nan, zero = jnp.full((num_clients,), jnp.nan), jnp.zeros((num_clients,), jnp.int32)
+        never = jnp.full((num_clients,), -1, jnp.int32)
         return cls(
-            loss=nan(), seconds=nan(), selected=zero(), aggregated=zero(), lost=zero(),
-            loss_sq=nan(), examples=zero(), last_selected=never(), last_aggregated=never(),
-            work_kept=nan(), alignment=nan(),
+            loss=nan, seconds=nan, selected=zero, aggregated=zero, lost=zero, loss_sq=nan,
+            examples=zero, last_selected=never, last_aggregated=never, work_kept=nan,
+            alignment=nan,
         )
 
 
