@@ -4,10 +4,11 @@ Data: LEAF's Synthetic(1, 1) (FedProx §5.1: 60 features, 10 classes) generated
 for every client of the population, client sizes ``10 + lognormal(3, 0.5)``
 (median 30 examples, 80 % of each for training: median 24, largest about 180
 at 100,000 clients). ``--generator flat`` (the default) draws it under ``jit``
-straight into the flat store (``fedjax_het.data.synthetic_flat``: seconds for
-1,000,000 clients on an accelerator, per-client keys, the same distribution);
+straight into the flat store (``fedjax_het.data.synthetic_flat``: per-client
+keys, the same distribution, other draws; for accelerators: on the project's
+loaded 2-core CPU 100,000 clients took 51 s, 1,000,000 took 345 s);
 ``--generator loop`` is ``fedjax_het.data.synthetic.leaf_synthetic``'s numpy
-loop (about 10 s per 100,000 clients on the project's CPU), then
+loop (22 s per 100,000 clients in the same hour), then
 ``ClientArrays.from_clients``. Rows record the generator and ``data_s``.
 Model: W1's MLP on these features, 60-200-200-10 (54,410 params). Local work:
 one epoch of batch 16, at most 4 steps (``LocalWork(max_steps=4)``: the about
@@ -24,6 +25,10 @@ cohort, is ``first_round_s``). No bare ``vmap``: the clients differ in size.
 Memory: the peak resident set size of the process (``ru_maxrss``) after the
 data is generated, after the setup (the flat store on the device) and after
 the timing; on CPU device arrays live in the same memory.
+
+``--stateful`` adds FedPer's round (a personal head per client) built as
+``fedjax-het run`` builds it, its client states placed by run's plan; the row's
+``client_state`` records the placement and bytes (``stateful_variant``).
 
 ``--per-round 100000`` on an accelerator runs the other half of item 4 (the
 population grows to at least the cohort). ``--quick``: 1,000 clients, 100 a
