@@ -87,13 +87,17 @@ def leaf_synthetic(
     Returns:
       The clients' train and test arrays.
     """
-    _check_arguments(
-        num_clients, alpha, beta, num_features, num_classes, test_fraction, size_sigma, min_size
+    check_arguments(
+        num_clients,
+        alpha,
+        beta,
+        num_features,
+        num_classes,
+        test_fraction,
+        size_sigma,
+        min_size,
+        iid,
     )
-    if iid and (alpha != 0 or beta != 0):
-        raise ValueError(
-            f"iid=True is the alpha = beta = 0 variant; got alpha={alpha}, beta={beta}"
-        )
     rng = np.random.default_rng(seed)
     sizes = min_size + np.rint(rng.lognormal(size_mean, size_sigma, num_clients)).astype(np.int64)
     model_means = alpha * rng.standard_normal(num_clients)
@@ -123,7 +127,7 @@ def leaf_synthetic(
     return SyntheticClients(train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y)
 
 
-def _check_arguments(
+def check_arguments(
     num_clients: int,
     alpha: float,
     beta: float,
@@ -132,7 +136,9 @@ def _check_arguments(
     test_fraction: float,
     size_sigma: float,
     min_size: int,
+    iid: bool,
 ) -> None:
+    """A one-line ``ValueError`` naming the first bad argument of ``leaf_synthetic``."""
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     for name, value in (("alpha", alpha), ("beta", beta), ("size_sigma", size_sigma)):
@@ -146,3 +152,7 @@ def _check_arguments(
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if min_size < 2:
         raise ValueError(f"min_size must be >= 2 (one train and one test example), got {min_size}")
+    if iid and (alpha != 0 or beta != 0):
+        raise ValueError(
+            f"iid=True is the alpha = beta = 0 variant; got alpha={alpha}, beta={beta}"
+        )
