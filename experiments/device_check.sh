@@ -131,7 +131,8 @@ if [ "$QUICK" = 1 ]; then
     # the W1 cells only. The figures of a dry run are not results (rows record XLA_FLAGS).
     FAST=(env "XLA_FLAGS=${XLA_FLAGS:-} --xla_backend_optimization_level=0")
     # A dry run is no device call: on a shared CPU its stages get six times the caps (on 2
-    # cores at load 7 it took 870 s: W2/2 with its bare vmap 248 s, 4x its cap's 60).
+    # cores it took 870 s at load 7, 598 s at load 4; W2/2, its bare vmap included, 248 s
+    # at load 7: more than 4 x its cap of 60).
     TOTAL=${DEVICE_CHECK_BUDGET_S:-2400}
     for cap in CAP_INSTALL CAP_ENV CAP_CONV CAP_W2K CAP_W1K CAP_W10K CAP_W2 CAP_PRECISION \
         CAP_STARTUP CAP_SWEEP CAP_HEADLINE CAP_SCALE CAP_INVARIANCE CAP_SUMMARY; do
