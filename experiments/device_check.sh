@@ -347,7 +347,8 @@ if [ "$QUICK" = 0 ] && [ "$BACKEND" != gpu ]; then
 fi
 
 # 3. convolutions at W2/100: the loop and run's two plans (item 1), rows to throughput.jsonl
-run_stage conv-W2-100 "$CAP_CONV" "$PY" "$REPO/experiments/bench_conv.py" "${CONV[@]}" --xla-chunks "" --patches-chunks "" --bare "" \
+run_stage conv-W2-100 "$CAP_CONV" "$PY" "$REPO/experiments/bench_conv.py" "${CONV[@]}" \
+    --xla-chunks "" --patches-chunks "" --bare "" \
     --matmul-precision "$PRECISION_TIMED" --out "$RESULTS"
 
 # 4. throughput, one stage per cell, in the order of the targets (items 1-4)
@@ -390,8 +391,8 @@ fi
 
 # 10. summary
 part() { # device_summary.py's PARTS, or its failure said in one line
-    (cd "$WORK" && timeout "$CAP_SUMMARY" "$PY" "$REPO/experiments/device_summary.py" "$OUT" "$@") ||
-        echo "$*: could not be summarised (see device_check.log)."
+    (cd "$WORK" && timeout "$CAP_SUMMARY" "$PY" "$REPO/experiments/device_summary.py" \
+        "$OUT" "$@") || echo "$*: could not be summarised (see device_check.log)."
 }
 summarise() {
     echo "# Device check$([ "$QUICK" = 1 ] && echo ' (--quick: a CPU dry run, not results)')"
@@ -413,7 +414,7 @@ summarise() {
             cat "$WORK/targets.md" ||
             echo "Targets: could not be evaluated (see device_check.log)."
     else
-        echo "Targets: no throughput rows were written."
+        echo "Targets of the throughput cells: not measured (no throughput rows were written)."
     fi
     echo
     part precision startup sweep end_to_end
