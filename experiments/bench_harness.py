@@ -95,6 +95,7 @@ from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays, FederatedData
 from fedjax_het.engine.algorithm import FederatedAlgorithm
 from fedjax_het.engine.local import DeviceSplit, LocalSpec, client_batches
+from fedjax_het.engine.memory import ChunkPlan
 from fedjax_het.engine.round import Round, RunState, device_split, init_state
 from fedjax_het.sampling import uniform
 from fedjax_het.system import policy as policies
@@ -288,6 +289,23 @@ def compile_timed(
     return compiled, time.perf_counter() - start
 
 
+def plan_fields(plan: ChunkPlan) -> dict[str, Any]:
+    """A row's record of run's chunk plan: its line, its formulation of the convolutions
+    (None: the model offers no choice) and its bytes (``memory.ChunkPlan``: what the round
+    needs with its chunk, the device's free memory, the compiled chunk program's own, if
+    measured, and the estimate they came from)."""
+    return {
+        "chunk_plan": plan.describe(),
+        "conv": plan.conv,
+        "plan_bytes": {
+            "needed": plan.needed,
+            "free": plan.free_bytes,
+            "compiled_chunk_program": plan.measured_bytes,
+            "source": plan.source,
+        },
+    }
+
+
 def engine(
     setup: Setup,
     chunk: int,
@@ -305,7 +323,8 @@ def engine(
 
     ``planned``: builds the round as ``fedjax-het run`` does (``run_setup``: its round, chunk
     plan, client-state store, hyperparameters and initial state; ``chunk`` and ``algorithm``
-    are then its); the row gets the plan's chunk and line (``Implementation.settings``)."""
+    are then its); the row gets the plan's chunk and ``plan_fields``
+    (``Implementation.settings``)."""
     settings = {}
     if planned is not None:
         made = planned()
@@ -315,7 +334,7 @@ def engine(
             proportional=proportional,
         )
         state, hyper, algorithm = made.init(setup.key), made.hyper, made.round.algorithm
-        settings = {"chunk": round_.chunk, "chunk_plan": made.chunk_plan.describe()}
+        settings = {"chunk": round_.chunk, **plan_fields(made.chunk_plan)}
     else:
         state, hyper = setup.state, setup.hyper
         if algorithm is None:
@@ -678,7 +697,7 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def _print(row: dict[str, Any]) -> None:
-    names = ("system", "algorithm", "chunk", "unroll", "proportional")
+    names = ("system", "algorithm", "engine_conv", "conv", "chunk", "unroll", "proportional")
     settings = {k: row[k] for k in names if k in row}
     gate = row.get("gate", {})
     extrapolated = (

@@ -28,7 +28,10 @@ Suites (``--suite``; flags given on the command line override a suite's):
   homogeneous round at those cells; the engine at most 0.5x the per-client
   loop in every cell and system; the homogeneous round at most 1.25x the bare
   ``vmap`` at W1/10,000; SCAFFOLD at most 1.3x FedAvg at W1/1,000, W1/10,000 and
-  W2/100; SCAFFOLD at W2/1,000 (a population of 2,000) runs without an error.
+  W2/100; FedAvg and SCAFFOLD at W2/1,000 (a population of 2,000) run without an
+  error (the note: the plan's chunk and bytes); HeteroFL's mixed-width round (dense
+  levels) at W2/100 at most 1.25x its widths' FLOP share of FedAvg's round
+  (``width_share.py``: the limit scales with the cohort's widths, about 0.42).
   The engine rows of ``--chunk auto`` (the default) are the round ``fedjax-het
   run`` builds (``bench_harness.run_setup``: its chunk plan, whose line each row
   records as ``chunk_plan``), so the figure published is the figure a user gets.
@@ -36,8 +39,9 @@ Suites (``--suite``; flags given on the command line override a suite's):
 Targets are judged on the lowest value over the chunks and unrollings run,
 "quick" for ``--quick``, and written as the last JSON line (``--no-targets``:
 not at all; ``--evaluate FILE`` judges the rows of a results file, several
-runs of one suite or a run cut short, and appends the line). They are
-reported, never asserted.
+runs of one suite or a run cut short, rows of another benchmark left out
+(those with a ``benchmark`` field: ``bench_conv.py``'s), and appends the
+line). They are reported, never asserted.
 
 ``--matmul-precision`` (default "highest"; "default" is TF32 on NVIDIA GPUs)
 sets ``jax.default_matmul_precision`` of the timed programs. Every gate round
@@ -48,7 +52,7 @@ precisions and the timed program's own distance to the gate reference
 (``timed_rel_l2_to_reference``, not a gate).
 
 ``--quick`` is a smoke run of a suite's machinery at small sizes: ``cpu``: W1
-at 10 clients; ``gpu``: W1 at 4, 16, 64 and W2 at 2, 4, 8 clients, the loop
+at 10 clients; ``gpu``: W1 at 4, 16, 64 and W2 at 1, 2, 4 clients, the loop
 timed on 8 (so the extrapolation runs), 3 timed rounds. Its figures are not
 results. ``--suite scale`` hands every other flag to ``bench_scale.py`` (the
 100,000-client scale test), so ``make bench ARGS="--suite scale"`` runs it.
@@ -85,13 +89,16 @@ import bench_harness as harness
 import bench_scale
 import common
 import jax
+import jax.numpy as jnp
 import numpy as np
+import width_share
 
 from fedjax_het import models, results
 from fedjax_het.algorithms.heterofl import heterofl
 from fedjax_het.algorithms.scaffold import scaffold
 from fedjax_het.data.batching import LocalWork
 from fedjax_het.data.federated import ClientArrays, FederatedData
+from fedjax_het.engine.client_store import format_bytes
 
 POPULATION_PER_COHORT = 2  # the sampler draws the cohort from twice as many clients
 # Engine algorithms (None: the setup's FedAvg); heterofl: widths 1, 1/2, 1/4, 1/8 dealt
@@ -132,7 +139,8 @@ WORKLOADS = {
 class Target:
     """``claim``: at the suite's ``position``-th cohort of ``workload``, ``metric`` of the best
     engine row of ``algorithm`` under ``system`` (the lowest over the chunks and unrollings
-    run) is at most ``limit``; ``metric`` "runs": that row exists without an error."""
+    run) is at most ``limit`` (with ``scale``: ``limit`` times that row's ``scale`` field,
+    e.g. ``width_share``'s); ``metric`` "runs": that row exists without an error."""
 
     claim: str
     workload: str
@@ -141,6 +149,7 @@ class Target:
     limit: float | None = None
     system: str = "flash-deadline"
     algorithm: str = "fedavg"
+    scale: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +191,16 @@ def loop_targets(
 
 
 HETEROGENEOUS = "heterogeneous (flash-deadline) round"
+HETEROFL_TARGET = Target(  # issue item 3; the share and why FLOPs: width_share.py
+    "HeteroFL round (dense levels) <= 1.25x its widths' FLOP share of FedAvg's round",
+    "W2",
+    1,
+    "ratio_to_fedavg",
+    width_share.SLACK,
+    "none",
+    "heterofl",
+    scale="width_flop_share",
+)
 GPU_COHORTS = {"W1": (100, 1000, 10000), "W2": (10, 100, 1000)}
 GPU_HET_CELLS = (("W1", 1), ("W1", 2), ("W2", 1))  # W1/1,000, W1/10,000, W2/100
 CPU_COHORTS = {"W1": (10, 100), "W2": (10,)}
@@ -206,7 +225,7 @@ SUITES = {  # cpu: a full run stays near 8 minutes on 2 shared cores
         GPU_COHORTS,
         harness.SYSTEMS,
         LOOP_CLIENTS,
-        {"W1": (4, 16, 64), "W2": (2, 4, 8)},
+        {"W1": (4, 16, 64), "W2": (1, 2, 4)},
         8,
         30.0,
         (
@@ -230,6 +249,7 @@ SUITES = {  # cpu: a full run stays near 8 minutes on 2 shared cores
                 )
                 for workload, position in GPU_HET_CELLS
             ),
+            HETEROFL_TARGET,
             *loop_targets(GPU_COHORTS, 0.5, harness.SYSTEMS),
             Target(
                 "homogeneous round <= 1.25x bare vmap", "W1", 2, "ratio_to_bare_vmap", 1.25, "none"
@@ -237,6 +257,7 @@ SUITES = {  # cpu: a full run stays near 8 minutes on 2 shared cores
             Target("SCAFFOLD <= 1.3x FedAvg", "W1", 1, "ratio_to_fedavg", 1.3, "none", "scaffold"),
             Target("SCAFFOLD <= 1.3x FedAvg", "W1", 2, "ratio_to_fedavg", 1.3, "none", "scaffold"),
             Target("SCAFFOLD <= 1.3x FedAvg", "W2", 1, "ratio_to_fedavg", 1.3, "none", "scaffold"),
+            Target("FedAvg runs (population 2,000)", "W2", 2, "runs", None, "none"),
             Target("SCAFFOLD runs (population 2,000)", "W2", 2, "runs", None, "none", "scaffold"),
         ),
         ("H100", "H200"),
@@ -373,6 +394,12 @@ def split_chunk(cohort: int, split: int) -> int:
     return min(cohort, 1 << (-(-cohort // split) - 1).bit_length())
 
 
+def cohort_ids(setup: harness.Setup) -> np.ndarray:
+    """The clients of the cell's round (``harness.ROUND``), as every implementation draws them."""
+    round_idx = jnp.int32(harness.ROUND)
+    return np.asarray(setup.round_.cohort(round_idx, setup.train, setup.key)[0])
+
+
 def run_cell(
     workload: Workload,
     cohort: int,
@@ -400,6 +427,13 @@ def run_cell(
         error = f"{type(error).__name__}: {error}"[:500]
         print(f"  cell failed: {error[:200]}", flush=True)
         return [{"implementation": None, "error": error}]
+    if any(row.get("algorithm") in OWN_ROUND for row in rows):
+        share = width_share.cohort_share(
+            setup.round_.model, workload.example_shape, HETEROFL_WIDTHS, cohort_ids(setup)
+        )
+        for row in rows:
+            if row.get("algorithm") in OWN_ROUND:
+                row.update(share)
     if plan.cache_info().currsize:
         summary = plan()[1]
         print(f"  flash-deadline: {json.dumps(summary)}", flush=True)
@@ -439,6 +473,35 @@ def best_engine_row(
     return (found or failed or [None])[0]
 
 
+def target_limit(target: Target, row: dict[str, Any] | None) -> float | None:
+    """``target.limit``, times the row's ``target.scale`` field where it has one (None where
+    the row lacks that field)."""
+    if target.scale is None:
+        return target.limit
+    scale = None if row is None else row.get(target.scale)
+    return None if scale is None else target.limit * scale
+
+
+def target_note(target: Target, row: dict[str, Any] | None) -> str | None:
+    """What the value depends on: a "runs" row's chunk plan (its chunk, and the bytes it
+    needs of the free ones), a scaled limit's basis (``width_share``'s three readings)."""
+    if row is None or "error" in row:
+        return None
+    if target.metric == "runs" and "plan_bytes" in row:
+        need = row["plan_bytes"]
+        return (
+            f"chunk {row.get('chunk')}: needs {format_bytes(need['needed'])} of "
+            f"{format_bytes(need['free'])} free ({need['source']})"
+        )
+    if target.scale == "width_flop_share" and target.scale in row:
+        return (
+            f"limit {target.limit} x {row['width_flop_share']:.3f}, the FLOP share of its "
+            f"widths (mean width {row['mean_width']:.3f}; the mean width's model "
+            f"{row['mean_width_model_flop_share']:.3f})"
+        )
+    return None
+
+
 def evaluate_targets(
     rows: list[dict[str, Any]], suite: Suite, *, quick: bool, device: str
 ) -> list[dict[str, Any]]:
@@ -461,9 +524,10 @@ def evaluate_targets(
             value = None if row is None or "error" in row else row.get("median_s")
         else:
             value = row.get(target.metric)
+        limit = target_limit(target, row)
         if row is None:
             status = "not measured"
-        elif target.metric != "runs" and value is None:
+        elif target.metric != "runs" and (value is None or limit is None):
             status = "error" if "error" in row else "no value"
         elif quick:
             status = "quick (not the target size)"
@@ -472,7 +536,7 @@ def evaluate_targets(
         elif target.metric == "runs":
             status = "FAIL" if "error" in row else "PASS"
         else:
-            status = "PASS" if value <= target.limit else "FAIL"
+            status = "PASS" if value <= limit else "FAIL"
         out.append(
             {
                 "claim": target.claim,
@@ -481,8 +545,9 @@ def evaluate_targets(
                 "system": target.system,
                 "algorithm": target.algorithm,
                 "metric": target.metric,
-                "limit": target.limit,
+                "limit": limit,
                 "value": value,
+                "note": target_note(target, row),
                 "median_s": None if row is None else row.get("median_s"),
                 "chunk": None if row is None else row.get("chunk"),
                 "matmul_precision": None if row is None else row.get("matmul_precision"),
@@ -515,8 +580,8 @@ def targets_markdown(targets: list[dict[str, Any]], device: str) -> str:
     lines = [
         f"Targets on {device}:",
         "",
-        "| claim | cell | system | algorithm | value | limit | median s | status |",
-        "|---|---|---|---|---|---|---|---|",
+        "| claim | cell | system | algorithm | value | limit | median s | status | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     missing = []
     for t in targets:
@@ -527,7 +592,8 @@ def targets_markdown(targets: list[dict[str, Any]], device: str) -> str:
         status = t["status"] + (f" ({t['error'][:80]})" if t.get("error") else "")
         lines.append(
             f"| {t['claim']} | {cell} | {t['system']} | {t['algorithm']} "
-            f"| {_fmt(t['value'])} | {_fmt(t['limit'])} | {_fmt(t['median_s'])} | {status} |"
+            f"| {_fmt(t['value'])} | {_fmt(t['limit'])} | {_fmt(t['median_s'])} | {status} "
+            f"| {t.get('note') or ''} |"
         )
     if missing:
         lines += ["", f"Not measured (cells not run): {'; '.join(missing)}."]
@@ -538,7 +604,11 @@ def evaluate_file(path: str, markdown: str | None) -> None:
     """Judges the targets over every row of the results file ``path`` (rows of several runs
     of one suite, e.g. one run per workload, or a run cut short), prints them, appends a
     targets line to ``path`` and, with ``markdown``, appends the table there."""
-    rows = [line for line in common.read_rows(Path(path)) if "targets" not in line]
+    rows = [  # not the targets lines, nor another benchmark's rows (bench_conv's)
+        line
+        for line in common.read_rows(Path(path))
+        if "targets" not in line and "benchmark" not in line
+    ]
     if not rows:
         raise ValueError(f"{path} holds no result rows")
     suites = {row.get("suite") for row in rows}

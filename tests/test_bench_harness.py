@@ -182,7 +182,7 @@ def test_targets_are_judged_only_on_the_target_devices():
     assert status[("ratio_to_loop", "W2", 10, "none")] == "not measured"
     assert judged[("ratio_to_fedavg", "W1", 1000, "none", "scaffold")]["status"] == "FAIL"  # 1.4
     assert judged[("runs", "W2", 1000, "none", "scaffold")]["status"] == "PASS"
-    assert len(judged) == len(suite.targets) == 23  # W1/10,000 homogeneous vs bare; SCAFFOLD there
+    assert len(judged) == len(suite.targets) == 25  # W1/10,000 homogeneous vs bare; SCAFFOLD there
     elsewhere = bench_throughput.evaluate_targets(rows, suite, quick=False, device="cpu:cpu")
     assert {t["status"] for t in elsewhere} == {
         "not an H100/H200",
