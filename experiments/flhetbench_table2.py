@@ -56,8 +56,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # common, also when loaded by it
 import common
 import jax
 import numpy as np
-from scipy import stats
 from async_vs_sync import rounds_within
+from scipy import stats
 
 from fedjax_het import algorithms, rng
 from fedjax_het.front import config as config_lib
@@ -271,8 +271,9 @@ def orderings(acc: dict[tuple[str, str], list[float]]) -> list[str]:
             continue
         ranked = sorted(ours, key=ours.get, reverse=True)
         paper = sorted(METHODS, key=lambda m: PAPER[level][METHODS.index(m)], reverse=True)
-        rho = stats.spearmanr([ours[m] for m in ranked],
-                              [PAPER[level][METHODS.index(m)] for m in ranked]).statistic
+        rho = stats.spearmanr(
+            [ours[m] for m in ranked], [PAPER[level][METHODS.index(m)] for m in ranked]
+        ).statistic
         lines.append(f"- {level}: ours {' > '.join(ranked)}; paper {' > '.join(paper)}; "
                      f"Spearman rho {rho:+.2f} over {len(ranked)} methods.")  # fmt: skip
         best = ranked[0] == "biasprompt_plus"
@@ -282,6 +283,24 @@ def orderings(acc: dict[tuple[str, str], list[float]]) -> list[str]:
             f"{'yes' if second else 'no'}."
         )
     return lines
+
+
+def metric_correlation(record: dict[str, Any]) -> list[str]:
+    """Pearson r of the measured InterMC-R with each method's final accuracy over the
+    (level, seed) cells: the metric-validation claim (§5.2.3) over Table 2's wider range."""
+    lines = []
+    for method in METHODS:
+        runs = [r for r in record["runs"] if r["method"] == method]
+        keys = [f"{r['level']}/{r['seed']}" for r in runs]
+        if len(runs) < 3 or any(k not in record["levels"] for k in keys):
+            continue
+        x = [record["levels"][k] for k in keys]
+        r = np.corrcoef(x, [run["final_acc"] for run in runs])[0, 1]
+        lines.append(f"{method} {r:+.2f}")
+    if not lines:
+        return []
+    head = "Pearson r of InterMC-R with final accuracy over the level x seed cells"
+    return [f"{head}: {', '.join(lines)}."]
 
 
 def plot(acc: dict[tuple[str, str], list[float]], path: Path) -> None:
@@ -317,7 +336,8 @@ def report(out: Path) -> None:
     rounds = sorted({r["rounds"] for r in record["runs"] if r["method"] != "fedbuff"})
     text = "\n".join([
         f"final test accuracy %, mean ± std over seeds {seeds}, {rounds} deadline rounds;",
-        "the paper's (OpenImage, ViT-B/16) in brackets", "", *lines, "", *orderings(acc),
+        "the paper's (OpenImage, ViT-B/16) in brackets", "", *lines, "", *orderings(acc), "",
+        *metric_correlation(record),
     ]) + "\n"  # fmt: skip
     print(text)
     (out / "table.md").write_text(text)
