@@ -24,9 +24,12 @@ clients' values (step time for devices, ready fraction of the trace for states; 
 study uses a client's step time divided by its ready fraction), ``STD`` is their std over
 their mean, ``KS`` the two-sample Kolmogorov-Smirnov statistic against the database's values
 (every AI-Benchmark device, every trace) and ``JS`` the Jensen-Shannon distance between the
-two histograms on 20 log-spaced bins. A metric that should *fall* with difficulty (the R and
-T metrics, by their definition near 1 for an easy set) is correlated as it is; so the paper's
-positive r for R metrics against accuracy, negative for T metrics against time.
+two histograms on 20 log-spaced bins. Every value is correlated as it is. An R metric is 1 for
+an easy set and falls with heterogeneity, a T metric is 1 for an easy set and rises with it
+(``fedjax_het.system.flhetbench``), so the paper's claim reads as a large positive r in both
+cases: R against final accuracy, T against the hours to the target (DevMC-T r > 0.95, notes
+§6.3). The baselines have no direction of their own (a distance from the database is not a
+difficulty), so for them the size of r is what compares.
 
 Usage::
 
