@@ -252,7 +252,8 @@ def report(out: Path) -> None:
                 pts = [(r[x], r[y]) for r in rows if r[y] is not None]
                 if pts:
                     ax.scatter(*zip(*pts), s=12)
-                ax.set_title(f"{study}: {x} vs {y.split('_')[0]}", fontsize=8)
+                r = next(c["r"] for c in table if (c["study"], c["x"], c["y"]) == (study, x, y))
+                ax.set_title(f"{study}: {x} vs {y.split('_')[0]} (r {r:+.2f})", fontsize=8)
 
 
 def parse(argv=None) -> argparse.Namespace:
