@@ -144,18 +144,20 @@ def test_gate_round_runs_under_highest_precision_and_timed_rounds_under_the_runs
     assert built == ["highest"] and row["matmul_precision"] == "highest"  # one program
 
 
+def engine_row(workload, cohort, system="none", algorithm="fedavg", **values):
+    """A benchmark row of the engine at ``workload``/``cohort`` with ``values``."""
+    return {
+        "workload": workload,
+        "cohort": cohort,
+        "implementation": "engine",
+        "algorithm": algorithm,
+        "system": system,
+        **values,
+    }
+
+
 def test_targets_are_judged_only_on_the_target_devices():
     suite = bench_throughput.SUITES["gpu"]
-
-    def engine_row(workload, cohort, system, algorithm="fedavg", **values):
-        return {
-            "workload": workload,
-            "cohort": cohort,
-            "implementation": "engine",
-            "algorithm": algorithm,
-            "system": system,
-            **values,
-        }
 
     rows = [
         engine_row("W1", 1000, "flash-deadline", ratio_to_bare_vmap=1.2, ratio_to_homogeneous=0.7),

@@ -21,6 +21,7 @@ import bench_throughput
 import compute_bound
 import device_summary
 import width_share
+from test_bench_harness import engine_row
 
 from fedjax_het import models
 from fedjax_het.algorithms.heterofl import heterofl
@@ -54,15 +55,6 @@ def test_the_compute_bound_is_three_forward_passes_at_the_datasheets_rate():
     assert compute_bound.bound_s(flops, "cpu:cpu") is None
 
 
-def engine_row(workload, cohort, algorithm="fedavg", system="none", **values):
-    return {
-        "workload": workload,
-        "cohort": cohort,
-        "implementation": "engine",
-        "algorithm": algorithm,
-        "system": system,
-        **values,
-    }
 
 
 def judged(rows, device=H200):
@@ -75,7 +67,8 @@ def judged(rows, device=H200):
 @pytest.mark.parametrize(("ratio", "status"), [(0.42, "PASS"), (0.43, "FAIL")])
 def test_the_heterofl_target_scales_with_the_cohorts_width_share(ratio, status):
     share = {"width_flop_share": 0.338, "mean_width": 0.47, "mean_width_model_flop_share": 0.23}
-    rows = [engine_row("W2", 100, "heterofl", ratio_to_fedavg=ratio, median_s=0.05, **share)]
+    row = engine_row("W2", 100, algorithm="heterofl", ratio_to_fedavg=ratio, median_s=0.05)
+    rows = [{**row, **share}]
     target = judged(rows)[("HeteroFL", "W2", 100, "heterofl")]
     assert target["limit"] == pytest.approx(1.25 * 0.338)  # 0.4225
     assert target["status"] == status
@@ -83,7 +76,7 @@ def test_the_heterofl_target_scales_with_the_cohorts_width_share(ratio, status):
 
 
 def test_a_heterofl_row_without_its_share_has_no_limit_to_be_judged_by():
-    rows = [engine_row("W2", 100, "heterofl", ratio_to_fedavg=0.1, median_s=0.05)]
+    rows = [engine_row("W2", 100, algorithm="heterofl", ratio_to_fedavg=0.1, median_s=0.05)]
     target = judged(rows)[("HeteroFL", "W2", 100, "heterofl")]
     assert (target["limit"], target["status"]) == (None, "no value")
 
@@ -92,7 +85,7 @@ def test_the_w2_1000_runs_targets_carry_the_plans_chunk_and_bytes():
     plan = {"needed": 3 * 2**30, "free": 130 * 2**30, "source": "xla"}
     rows = [
         engine_row("W2", 1000, median_s=0.9, chunk=500, plan_bytes=plan),
-        engine_row("W2", 1000, "scaffold", error="RESOURCE_EXHAUSTED: out of memory"),
+        engine_row("W2", 1000, algorithm="scaffold", error="RESOURCE_EXHAUSTED: out of memory"),
     ]
     targets = judged(rows)
     fedavg = targets[("FedAvg", "W2", 1000, "fedavg")]
