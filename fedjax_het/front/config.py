@@ -363,7 +363,8 @@ def build(config: Mapping[str, Any]) -> Experiment:
         )
         notes = transforms_schema.budget_notes(checked.private, asked, config["rounds"])
     model = model_schema.build_model(
-        checked.model, checked.model_args, data.example_shape, data.num_classes
+        checked.model, checked.model_args, data.example_shape, data.num_classes, data.train.x,
+        data.train.y,
     )
     planned = checked.selection is None and checked.algorithm.hook(Freezing) is None
     sizes.check(config, data, model, checked.work, checked.cohort, planned=planned)

@@ -9,8 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+import numpy as np
+
 from fedjax_het import models
-from fedjax_het.schema import Key, arguments, choose, guarded, resolved, signature_keys
+from fedjax_het.schema import (
+    ConfigError,
+    Key,
+    arguments,
+    choose,
+    guarded,
+    resolved,
+    signature_keys,
+)
 
 DEFAULTS: dict[str, Any] = {"model": {"name": "mlp", "hidden": [200, 200]}}
 SKIP = ("example_shape", "num_classes", "conv")  # given by the data; conv: engine.conv
@@ -48,6 +59,21 @@ def build_model(
     args: Mapping[str, Any],
     example_shape: Sequence[int],
     num_classes: int,
+    x: np.ndarray,
+    y: np.ndarray,
 ) -> models.Model:
-    """The model for the data's ``example_shape`` and ``num_classes``."""
-    return guarded("model", lambda: factory(example_shape, num_classes, **args))
+    """The model for the data's ``example_shape`` and ``num_classes``, whose outputs
+    ``[batch, *label_shape, classes]`` fit the labels ``y`` (one line if not)."""
+    model = guarded("model", lambda: factory(example_shape, num_classes, **args))
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    outputs = jax.eval_shape(
+        lambda p: model.apply(p, x[:1], train=False, key=None), params
+    ).shape
+    if tuple(outputs[1:-1]) != tuple(y.shape[1:]):
+        hint = " (char models: model.every_position = true)" if y.ndim > 1 else ""
+        raise ConfigError(
+            f"model {model.name} gives outputs of shape {list(outputs[1:])} per example but the "
+            f"data's labels have shape {list(y.shape[1:])} per example{hint}; they must agree "
+            f"but for the last (class) axis"
+        )
+    return model

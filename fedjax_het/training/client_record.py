@@ -6,6 +6,7 @@ selections that learn (Oort, power-of-choice, HDFL, FreezeFL's, RBCS-F)."""
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -33,13 +34,16 @@ def class_counts(
     num_classes = jax.eval_shape(apply, params, split.x[:1]).shape[-1]
     predicted = jax.lax.map(
         lambda idx: jnp.argmax(apply(params, split.x[jnp.minimum(idx, n - 1)]), -1), rows
-    ).reshape(-1)[:n]
+    ).reshape(num_batches * batch_size, *split.y.shape[1:])[:n]
     owner = jnp.repeat(jnp.arange(num_clients), split.count, total_repeat_length=n)
     owned = jnp.arange(n) < jnp.sum(split.count)
+    positions = math.prod(split.y.shape[1:])
 
-    def counts(classes):
-        cells = owner * num_classes + jnp.clip(classes, 0, num_classes - 1)
-        flat = jax.ops.segment_sum(owned.astype(jnp.float32), cells, num_clients * num_classes)
+    def counts(classes):  # a sequence label counts once per position
+        classes = jnp.clip(classes.reshape(n, positions), 0, num_classes - 1)
+        cells = owner[:, None] * num_classes + classes
+        weight = jnp.broadcast_to(owned[:, None], cells.shape).astype(jnp.float32)
+        flat = jax.ops.segment_sum(weight.reshape(-1), cells.reshape(-1), num_clients * num_classes)
         return flat.reshape(num_clients, num_classes)
 
     return counts(predicted), counts(split.y)

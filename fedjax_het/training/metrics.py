@@ -12,7 +12,7 @@ import numpy as np
 
 from fedjax_het.data.diagnostics import gini
 from fedjax_het.engine.local import DeviceSplit
-from fedjax_het.models import Model
+from fedjax_het.models import Model, per_example_correct
 from fedjax_het.system import participation as participation_lib
 from fedjax_het.system.flhetbench import participation_counts
 from fedjax_het.typing import Params
@@ -40,11 +40,11 @@ def evaluate(
     def one_batch(inputs):
         x, y = inputs
         outputs = model.apply(params, x, train=False, key=None)
-        return model.per_example_loss(outputs, y), jnp.argmax(outputs, -1) == y
+        return model.per_example_loss(outputs, y), per_example_correct(outputs, y)
 
     losses, correct = jax.lax.map(one_batch, (padded(split.x), padded(split.y)))
     losses = jnp.where(valid, losses, 0.0).reshape(-1)[:n]
-    correct = jnp.where(valid, correct, False).reshape(-1)[:n].astype(jnp.float32)
+    correct = jnp.where(valid, correct, 0.0).reshape(-1)[:n]
     num_clients = split.count.shape[0]
     per_client = lambda v: jax.ops.segment_sum(v, row_client, num_segments=num_clients)
     return {
@@ -75,9 +75,9 @@ def evaluate_personal(
         valid = position < split.count[k]
         rows = split.offset[k] + jnp.minimum(position, jnp.maximum(split.count[k] - 1, 0))
         outputs = model.apply(params, split.x[rows], train=False, key=None)
-        correct = valid & (jnp.argmax(outputs, -1) == split.y[rows])
+        correct = jnp.where(valid, per_example_correct(outputs, split.y[rows]), 0.0)
         loss = jnp.where(valid, model.per_example_loss(outputs, split.y[rows]), 0.0)
-        return jnp.sum(correct).astype(jnp.float32), jnp.sum(loss)
+        return jnp.sum(correct), jnp.sum(loss)
 
     def one_chunk(chunk_ids):
         return jax.vmap(one_client)(params_of(chunk_ids), chunk_ids)
