@@ -5,12 +5,11 @@ A :class:`Model` is ``init(key) -> params``, ``apply(params, x, *, train, key)
 mean. :func:`from_linen` turns any Flax linen module into one, :func:`from_nnx` any
 Flax NNX module (or a function that builds one from its ``rngs``).
 
-The zoo holds the models the papers use: logistic regression, the MLP of the
-throughput workload W1 and the LEAF FEMNIST CNN (Caldas et al. 2018, "LEAF: A
-Benchmark for Federated Settings", §4: two 5x5 conv layers of 32 and 64
-channels, each followed by 2x2 max-pooling, a 2048-unit dense layer and a
-softmax output) and the LEAF Shakespeare character LSTM (§4: an 8-dimensional character
-embedding, two LSTM layers of 256 units, a dense layer to the vocabulary on the last position).
+The zoo holds the models the papers use: logistic regression, the MLP of the throughput
+workload W1, the LEAF FEMNIST CNN (Caldas et al. 2018, "LEAF: A Benchmark for Federated
+Settings", §4: two 5x5 conv layers of 32 and 64 channels, each with 2x2 max-pooling, a
+2048-unit dense layer, a softmax output) and LEAF's Shakespeare character LSTM (§4: an 8-d
+embedding, two LSTM layers of 256 units, a dense layer to the vocabulary).
 """
 
 from __future__ import annotations
@@ -21,15 +20,18 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 from fedjax_het import convolution
 from fedjax_het.typing import Mask, Params, PRNGKey
+
+if TYPE_CHECKING:  # from_nnx imports flax.nnx itself: a tenth of the CLI's start-up otherwise
+    from flax import nnx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +87,7 @@ def _widths(build: Callable[[Callable[[int], int]], Model]) -> Model:
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """``[batch]`` cross-entropies; with sequence labels ``[batch, positions]`` (logits
     ``[batch, positions, classes]``), each example's mean over its positions."""
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return _per_example(losses)
+    return _per_example(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
 def per_example_correct(outputs: jax.Array, labels: jax.Array) -> jax.Array:
@@ -153,11 +154,13 @@ def from_nnx(
     in training and switched off (``eval()``) otherwise; a module that keeps other state
     (BatchNorm's ``BatchStat``) needs client state and is refused.
 
+    >>> from flax import nnx
     >>> model = from_nnx(lambda rngs: nnx.Linear(4, 3, rngs=rngs))
     >>> params = model.init(jax.random.key(0))
     >>> model.apply(params, jnp.ones((2, 4)), train=False, key=None).shape
     (2, 3)
     """
+    from flax import nnx  # here, not at the top (see the TYPE_CHECKING import)
     built = module if isinstance(module, nnx.Module) else module(nnx.Rngs(0))
     graph, params, rest = nnx.split(built, nnx.Param, ...)
     variables = jax.tree.leaves(rest, is_leaf=lambda v: isinstance(v, nnx.Variable))
@@ -308,16 +311,9 @@ def femnist_cnn(example_shape: Sequence[int], num_classes: int, *, conv: str = "
     return dataclasses.replace(model, conv=conv, with_conv=with_conv)
 
 
-def _char_rnn(
-    name: str,
-    cell: type[nn.RNNCellBase],
-    example_shape: Sequence[int],
-    num_classes: int,
-    embed: int,
-    hidden: int,
-    layers: int,
-    every_position: bool,
-) -> Model:
+def _char_rnn(name: str, cell: type[nn.RNNCellBase], example_shape: Sequence[int],
+              num_classes: int, embed: int, hidden: int, layers: int,
+              every_position: bool) -> Model:  # fmt: skip
     if len(example_shape) != 1:
         raise ValueError(f"{name} needs [sequence_length] integer inputs, got {example_shape}")
     sizes = {"num_classes": num_classes, "embed": embed, "hidden": hidden, "layers": layers}
@@ -346,10 +342,9 @@ def char_lstm(
     last position giving ``[batch, num_classes]`` logits of the next character.
     ``num_classes`` is the vocabulary size, for inputs and outputs alike.
 
-    With ``every_position`` the dense layer reads every position and the logits are
-    ``[batch, sequence_length, num_classes]``: the next character after each prefix, for data
-    whose labels are sequences (``data.targets = "every"`` of Shakespeare; the task of FedJAX's
-    and TensorFlow Federated's Shakespeare, Reddi et al. 2021, App. C). Same parameters.
+    With ``every_position`` the logits are ``[batch, sequence_length, num_classes]``, the next
+    character after each prefix (same parameters), for sequence labels (Shakespeare's
+    ``data.targets = "every"``, the task of FedJAX's and TFF's Shakespeare).
 
     Args:
       example_shape, num_classes: the data's (the config takes them from the data).
