@@ -55,8 +55,6 @@ def test_the_compute_bound_is_three_forward_passes_at_the_datasheets_rate():
     assert compute_bound.bound_s(flops, "cpu:cpu") is None
 
 
-
-
 def judged(rows, device=H200):
     targets = bench_throughput.evaluate_targets(
         rows, bench_throughput.SUITES["gpu"], quick=False, device=device
