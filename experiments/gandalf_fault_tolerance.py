@@ -156,6 +156,7 @@ def main(args: argparse.Namespace) -> None:
                         "curve": [[e["round"], e["virtual_s"], e["test_accuracy"]]
                                   for e in result.evaluations],
                         "wall_s": time.perf_counter() - tick,
+                        "provenance": env["provenance"],
                     }  # fmt: skip
                     with runs_path.open("a") as f:
                         f.write(run_results.strict_json(row) + "\n")

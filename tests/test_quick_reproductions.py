@@ -68,8 +68,10 @@ def test_gandalf_quick_runs_every_row_of_table_2(tmp_path):
 
     quick("gandalf_fault_tolerance.py", tmp_path)
     lines = (tmp_path / "runs-quick.jsonl").read_text().splitlines()
-    rows = {(r["method"], r["fault_tolerance"], r["rate"]) for r in map(json.loads, lines)}
+    runs = [json.loads(line) for line in lines]
+    rows = {(r["method"], r["fault_tolerance"], r["rate"]) for r in runs}
     assert rows == set(itertools.product(g.METHODS, (True, False), g.parse([]).rates))
+    assert all(r["provenance"]["commit"] for r in runs)  # each raw row says where it came from
 
 
 @pytest.mark.slow
