@@ -28,7 +28,7 @@ times (compilation included, as a user pays it) are reported, measured in the sa
 
 Usage::
 
-    python experiments/system_grid.py --rounds 200 --deadline 10 --target 0.7  # the README table
+    python experiments/system_grid.py --rounds 200 --deadline 10  # the README table (target 0.8)
     python experiments/system_grid.py --report                # redraw the plot, print the tables
     python experiments/system_grid.py --quick --out /tmp/g    # every cell at 2 rounds
 """
