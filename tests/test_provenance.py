@@ -70,3 +70,13 @@ def test_audit_reads_both_record_forms(monkeypatch, tmp_path):
     table = provenance.audit()
     assert "| `a/results.json` | 1234567 | yes |" in table
     assert "| `b.jsonl` | 89abcde | no |" in table
+
+
+def test_every_committed_result_records_a_clean_commit():
+    rows = provenance.audit().splitlines()[2:]
+    assert len(rows) > 10  # the committed results are all read
+    assert [row for row in rows if not row.endswith("| no |")] == []
+
+
+def test_provenance_md_holds_the_current_audit():
+    assert provenance.audit() in (provenance.RESULTS / "PROVENANCE.md").read_text()
